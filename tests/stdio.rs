@@ -1972,3 +1972,59 @@ async fn a_childs_task_status_ends_the_record_without_a_get_stream() {
     )
     .await;
 }
+
+/// The pids whose command line holds `needle` anywhere (not only at its start).
+fn processes_holding(needle: &str) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.windows(needle.len()).any(|w| w == needle.as_bytes()))
+                && !process_gone(*pid)
+        })
+        .collect()
+}
+
+/// A signal meant for the server sent to the pid taskgate started (now the shim, the group's
+/// leader: `kill -USR1 <pid>` for a log reopen) reaches the command, which goes on. Before the
+/// review fix the shim took only the stops: `SIGUSR1` killed it by its default action, and the
+/// command died of its parent-death signal.
+#[tokio::test]
+async fn a_signal_sent_to_the_shim_reaches_the_command() {
+    let child = Kid::new();
+    let log = child.path("usr1");
+    let marker = format!("tg-usr1-{}-{}", std::process::id(), rand_suffix());
+    let script = format!(
+        "trap 'echo usr1 >> {}' USR1; while :; do sleep 0.05; done # {marker}",
+        log.display()
+    );
+    let upstream = format!(
+        "\n[[upstream]]\nname = \"default\"\ncommand = [\"bash\", \"-c\", {script:?}]\ntimeout_ms = 60000\n"
+    );
+    let config = child.path("taskgate.toml");
+    let store = child.path("store");
+    std::fs::write(&config, toml(store.to_str().unwrap(), &upstream)).unwrap();
+    let mut p = TaskgateProcess::spawn(&["serve", "--config", config.to_str().unwrap()], &[]);
+    p.listening();
+    let shim_and_bash = || {
+        let all = processes_holding(&marker);
+        let shim = all.iter().copied().find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.windows(13).any(|w| w == b"__stdio-child"))
+        });
+        let bash = all.iter().copied().find(|pid| Some(*pid) != shim);
+        shim.zip(bash)
+    };
+    until("the shim and its command run", || shim_and_bash().is_some()).await;
+    let (shim, bash) = shim_and_bash().unwrap();
+    unsafe { libc::kill(shim, libc::SIGUSR1) };
+    until("the command got the signal", || {
+        std::fs::read_to_string(&log).is_ok_and(|t| t.contains("usr1"))
+    })
+    .await;
+    assert!(!process_gone(shim) && !process_gone(bash), "both go on");
+    p.signal(libc::SIGTERM);
+    p.wait_exit(Duration::from_secs(15)).expect("stopped");
+}

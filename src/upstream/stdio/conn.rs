@@ -501,11 +501,18 @@ impl Conn {
     /// ([`Claim`]). Errors: the child is gone.
     pub async fn write_request(&self, reg: &Registered, urgent: bool) -> Result<(), String> {
         let line = one_line(&reg.bytes);
-        // Room for its bytes first (a line larger than the room waits for all of it).
-        let weight = line.len().min(WRITE_QUEUE_BYTES) as u32;
-        let room = match self.room.clone().acquire_many_owned(weight).await {
-            Ok(permit) => Some(permit),
-            Err(_) => return Err(self.gone()),
+        // Room for its bytes first (a line larger than the room waits for all of it). Not for
+        // an urgent one (`tasks/cancel`: small, bounded by its queue's lines): the room is
+        // fair, so it would wait behind a large request waiting for room, and an urgent line
+        // must overtake (review).
+        let room = if urgent {
+            None
+        } else {
+            let weight = line.len().min(WRITE_QUEUE_BYTES) as u32;
+            match self.room.clone().acquire_many_owned(weight).await {
+                Ok(permit) => Some(permit),
+                Err(_) => return Err(self.gone()),
+            }
         };
         let out = Outgoing {
             line,
@@ -1765,6 +1772,21 @@ while os.read(0, 4096):
             futures_util::poll!(third.as_mut()).is_pending(),
             "a request past the queue's bytes waits for room"
         );
+        // An urgent one (a `tasks/cancel`) does not wait behind it (review: the room is fair).
+        let msg = Message::parse(Bytes::from_static(
+            br#"{"jsonrpc":"2.0","id":"c","method":"tasks/cancel","params":{"taskId":"t"}}"#,
+        ))
+        .expect("json");
+        let cancel = conn
+            .register(&msg, Some("s1".into()), every(), None, false, None)
+            .expect("registered");
+        tokio::time::timeout(
+            std::time::Duration::from_secs(1),
+            conn.write_request(&cancel, true),
+        )
+        .await
+        .expect("an urgent line overtakes a request waiting for room")
+        .expect("queued");
         // The writer takes one: room for the third.
         drop(normal.recv().await.expect("the first line"));
         tokio::time::timeout(std::time::Duration::from_secs(5), third)

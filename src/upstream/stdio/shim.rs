@@ -36,14 +36,23 @@ use std::time::{Duration, Instant};
 /// The argument that starts `taskgate` as a stdio child's shim (not a user-facing command).
 pub const MODE: &str = "__stdio-child";
 
-/// Signals the shim takes itself (blocked, and waited for): the stops it may be sent, and its
-/// children's ends.
-const TAKEN: [libc::c_int; 5] = [
-    libc::SIGTERM,
-    libc::SIGINT,
-    libc::SIGHUP,
-    libc::SIGQUIT,
-    libc::SIGCHLD,
+/// Signals the shim does not take (every other one is blocked and waited for): those no
+/// process can block, and the faults of its own code, which must end it. Why every other one:
+/// the shim is now the process taskgate logs as the child and its group's leader, so a signal
+/// meant for the server (`kill -USR1 <pid>`: a log reopen, a dump) reaches it first; with only
+/// the stops taken, such a signal killed the shim by its default action, the command got
+/// `SIGKILL` from its parent-death signal and what it had started was left behind (review).
+/// What it takes it passes on to the command, unless taskgate sent it to the whole group.
+const NOT_TAKEN: [libc::c_int; 9] = [
+    libc::SIGKILL,
+    libc::SIGSTOP,
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGFPE,
+    libc::SIGILL,
+    libc::SIGTRAP,
+    libc::SIGSYS,
+    libc::SIGABRT,
 ];
 
 /// How long what the command left may take to exit after `SIGTERM` when taskgate died, before
@@ -103,7 +112,9 @@ pub fn run(args: Vec<OsString>) -> ! {
             std::process::exit(1);
         }
         match signal {
-            Some(libc::SIGCHLD) | None => {}
+            // A child's end; a broken pipe is the shim's own write's (its stderr), not the
+            // command's.
+            Some(libc::SIGCHLD | libc::SIGPIPE) | None => {}
             // taskgate's stops go to the whole group: the command has it already.
             Some(_) if sender == parent => {}
             Some(signal) => {
@@ -114,14 +125,14 @@ pub fn run(args: Vec<OsString>) -> ! {
     }
 }
 
-/// The set of [`TAKEN`] signals.
+/// The signals the shim takes: all but [`NOT_TAKEN`].
 fn taken_set() -> libc::sigset_t {
-    // SAFETY: sigemptyset initializes the set; sigaddset only sets bits in it.
+    // SAFETY: sigfillset initializes the set; sigdelset only clears bits in it.
     unsafe {
         let mut set = std::mem::zeroed::<libc::sigset_t>();
-        libc::sigemptyset(&mut set);
-        for signal in TAKEN {
-            libc::sigaddset(&mut set, signal);
+        libc::sigfillset(&mut set);
+        for signal in NOT_TAKEN {
+            libc::sigdelset(&mut set, signal);
         }
         set
     }
