@@ -1606,6 +1606,40 @@ async fn a_child_that_stops_reading_is_found_deaf_without_a_full_queue() {
     );
 }
 
+/// Review M3: a shared child that reads its stdin only between requests stops reading it for
+/// longer than `timeout_ms` (7 s against 5 s) with more than a pipe's worth waiting (160 KiB),
+/// while it speaks on stdout (a notification every 500 ms, as a long call's progress would):
+/// it is busy, not deaf, so it is not ended, and once it reads again everything waiting reaches
+/// it. Before: ended after `timeout_ms` with every session's calls and tasks.
+#[tokio::test]
+async fn a_child_that_speaks_while_it_does_not_read_is_not_deaf() {
+    let child = Kid::new();
+    let tg = start(&child, "", "").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let arguments = json!({"resume_ms": 7000, "chatter_ms": 500});
+    let stall = json!({"name": "stall", "arguments": arguments}).to_string();
+    let stalled = c.rpc(rpc("1", "tools/call", &stall)).await;
+    assert_eq!(
+        stalled["result"]["content"][0]["text"], "stalled",
+        "{stalled}"
+    );
+    let body = padded_note();
+    for _ in 0..10 {
+        assert_eq!(c.send(body.clone()).await.status(), 202);
+    }
+    // Past the 7 s: the child reads again and catches up, then answers this.
+    until("the notes reach the child", || {
+        child.seen_method("notifications/message").len() == 10
+    })
+    .await;
+    let echo = json!({"name": "echo", "arguments": {"text": "hi"}}).to_string();
+    let answer = c.rpc(rpc("2", "tools/call", &echo)).await;
+    assert_eq!(answer["result"]["content"][0]["text"], "hi", "{answer}");
+    assert_eq!(child.pids().len(), 1, "the child was not restarted");
+    assert_eq!(answer["result"]["pid"], json!(child.pids()[0]), "{answer}");
+}
+
 /// `tools/call` of the child's `ask` (it sends `elicitation/create` and answers with what came
 /// back) as request `id` (JSON).
 fn ask_call(id: &str) -> String {

@@ -40,7 +40,8 @@
 //!   Every request refused is answered: taskgate's answers go ahead of queued requests, and
 //!   when that queue is full the child's stdout is not read further until there is room (a
 //!   child that floods requests is read at the pace it reads its answers; a deaf one, its
-//!   pipe taking nothing for `timeout_ms`, is found so by the writer and ended).
+//!   pipe taking nothing for `timeout_ms` while taskgate reads nothing from its stdout, is
+//!   found so by the writer and ended).
 //!
 //! A line that is not one JSON-RPC message is counted (`taskgate_upstream_errors_total
 //! {kind="protocol"}`), logged at warn (at most one line a second), never forwarded; a line
@@ -48,7 +49,7 @@
 //! it answers, when its id is in the line's first bytes, ends with a JSON-RPC error naming the
 //! bound.
 
-use super::framing::{one_line, Line, Lines};
+use super::framing::{one_line, Counting, Line, Lines};
 use super::queue::{queue, QueueRx, QueueTx};
 use super::route::{Answer, Candidates, Claim, Pending, Progress, Routes, SessionKey, TaskNote};
 use crate::jsonrpc::{self, splice, Id, Kind, Message};
@@ -219,6 +220,8 @@ pub struct Conn {
     dead_held: Mutex<Vec<String>>,
     /// Bytes the writer has put into the child's stdin so far (its progress).
     written: Arc<AtomicU64>,
+    /// Bytes read from the child's stdout so far (it still speaks: not deaf, [`write_lines`]).
+    heard: Arc<AtomicU64>,
     /// Wakes the keeper to end a child found deaf ([`Conn::deafened`]).
     deaf: Arc<tokio::sync::Notify>,
     /// Whether it was found deaf (the first finding ends it; later ones change nothing).
@@ -315,6 +318,7 @@ impl Conn {
             owner: Mutex::new(owner),
             dead_held: Mutex::new(Vec::new()),
             written: Arc::new(AtomicU64::new(0)),
+            heard: Arc::new(AtomicU64::new(0)),
             room: Arc::new(tokio::sync::Semaphore::new(WRITE_QUEUE_BYTES)),
             deaf: Arc::new(tokio::sync::Notify::new()),
             found_deaf: AtomicBool::new(false),
@@ -329,6 +333,7 @@ impl Conn {
             let watch = Liveness {
                 name: name.clone(),
                 written: conn.written.clone(),
+                heard: conn.heard.clone(),
                 conn: Arc::downgrade(&conn),
                 timeout,
             };
@@ -342,6 +347,7 @@ impl Conn {
             let conn = conn.clone();
             let pipe_closed = pipe_closed.clone();
             tokio::spawn(async move {
+                let stdout = Counting::new(stdout, conn.heard.clone());
                 let mut lines = Lines::new(stdout, max_message_bytes);
                 while let Ok(Some(line)) = lines.next().await {
                     // An answer of taskgate's own is written before the next line is read: a
@@ -430,8 +436,8 @@ impl Conn {
         self.written.load(Ordering::Acquire)
     }
 
-    /// The child is deaf: a line waited `timeout_ms` for its stdin pipe to take one more byte
-    /// (the writer's liveness rule, `write_lines`). The keeper ends it (close stdin and `SIGTERM` at once:
+    /// The child is deaf: a line waited `timeout_ms` for its stdin pipe to take one more byte,
+    /// and its stdout said nothing meanwhile (the writer's liveness rule, `write_lines`). The keeper ends it (close stdin and `SIGTERM` at once:
     /// `child::end_deaf`; `SIGKILL`): its requests in flight get the reason, and supervision
     /// restarts it (or ends its `per_session` session) as after a crash.
     /// Returns whether this was the first finding.
@@ -1086,7 +1092,8 @@ impl Conn {
     /// stdout until there is room: every request of a child that floods them is answered, at
     /// the pace the child reads its stdin, and what waits is bounded by the queue and the
     /// pipes. A full queue means the writer waits on the pipe: a child that takes nothing for
-    /// `timeout_ms` meanwhile is found deaf by the writer ([`write_lines`]) and ended, which
+    /// `timeout_ms` meanwhile (its stdout then waits unread, so it says nothing) is found deaf
+    /// by the writer ([`write_lines`]) and ended, which
     /// closes the queue, and the answer is dropped (the child reads nothing more).
     async fn reply(&self, msg: Bytes) {
         let _ = self.urgent.send(Outgoing::always(one_line(&msg))).await;
@@ -1188,6 +1195,8 @@ struct Liveness {
     name: Arc<str>,
     /// The child's progress, in bytes written ([`Conn::written`]).
     written: Arc<AtomicU64>,
+    /// Bytes read from the child's stdout ([`Conn`]'s `heard`).
+    heard: Arc<AtomicU64>,
     /// Found deaf through it ([`Conn::deafened`]); weak: the conn holds the writer's queues.
     conn: std::sync::Weak<Conn>,
     /// The upstream's `timeout_ms`.
@@ -1201,8 +1210,14 @@ struct Liveness {
 /// failed (the child closed its stdin).
 ///
 /// The liveness rule (tester 3 F2): a line that waits `timeout_ms` for the pipe to take one
-/// more byte finds the child deaf ([`Conn::deafened`]: the keeper ends it), however few lines
-/// wait behind it. A reader making progress resets the wait with every piece it takes.
+/// more byte, while not one byte is read from the child's stdout, finds the child deaf
+/// ([`Conn::deafened`]: the keeper ends it), however few lines wait behind it. A reader making
+/// progress resets the wait with every piece it takes; a child that speaks on its stdout
+/// during the wait (an answer, progress, a notification) is busy, not deaf, and the wait
+/// begins again (review M3: a single-threaded server reads its stdin only between requests,
+/// so one long call with more than a pipe's worth queued got a shared child ended, every
+/// session's calls and tasks with it). So a deaf child is found within `timeout_ms` of its
+/// last byte read or written, or at most twice that.
 async fn write_lines(
     mut stdin: tokio::process::ChildStdin,
     mut normal: mpsc::Receiver<Outgoing>,
@@ -1231,11 +1246,19 @@ async fn write_lines(
         // In pieces, each counted: a child reading a long line slowly makes progress.
         let mut rest = &line[..];
         while !rest.is_empty() {
+            // What the child had said when this wait began.
+            let heard = live.heard.load(Ordering::Acquire);
             let wrote = tokio::select! {
                 biased;
                 _ = &mut close => return false,
                 wrote = stdin.write(rest) => wrote,
                 () = tokio::time::sleep(live.timeout), if !found_deaf => {
+                    // It spoke meanwhile (an answer, progress): busy, not deaf (review M3: a
+                    // single-threaded server reads its stdin only between requests). A new
+                    // window begins.
+                    if live.heard.load(Ordering::Acquire) != heard {
+                        continue;
+                    }
                     found_deaf = true;
                     if live.conn.upgrade().is_some_and(|conn| conn.deafened()) {
                         tracing::warn!(target: "taskgate::upstream::stdio", upstream = %live.name, timeout_ms = live.timeout.as_millis() as u64, "child read nothing from its stdin while a line waited timeout_ms to be written: ending it");
@@ -1338,6 +1361,7 @@ mod tests {
             owner: Mutex::new(owner),
             dead_held: Mutex::new(Vec::new()),
             written: Arc::default(),
+            heard: Arc::default(),
             deaf: Arc::default(),
             found_deaf: AtomicBool::new(false),
             room: Arc::new(tokio::sync::Semaphore::new(WRITE_QUEUE_BYTES)),
@@ -1619,6 +1643,11 @@ mod tests {
     /// A `python3 -c script args…` child (stdin and stdout piped, its own process group,
     /// killed on drop) run by a [`Conn`] named `kid`: 1 MiB lines, a `timeout_ms` of 5 s.
     fn python_conn(script: &str, args: &[&str]) -> Running {
+        python_conn_within(script, args, std::time::Duration::from_secs(5))
+    }
+
+    /// [`python_conn`] with a `timeout_ms` of `timeout`.
+    fn python_conn_within(script: &str, args: &[&str], timeout: std::time::Duration) -> Running {
         let child = tokio::process::Command::new("python3")
             .arg("-c")
             .arg(script)
@@ -1637,8 +1666,90 @@ mod tests {
             Arc::default(),
             Arc::new(Metrics::new(&["kid".to_string()])),
             Owner::Every,
-            std::time::Duration::from_secs(5),
+            timeout,
         )
+    }
+
+    /// Review M3: a child that reads its stdin only between requests (a single-threaded
+    /// server) stops reading it for longer than `timeout_ms` while a long call runs, and sends
+    /// its progress on stdout meanwhile, with more than a pipe's worth queued: it is alive, not
+    /// deaf. Before, the pipe taking nothing for `timeout_ms` was enough: a shared child was
+    /// ended with every session's calls and tasks.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_child_that_speaks_on_stdout_while_not_reading_is_not_deaf() {
+        let dir = tempfile::tempdir().expect("dir");
+        let log = dir.path().join("read");
+        // Reads nothing for 3 s (3 times `timeout_ms`), with a progress notification every
+        // 200 ms, then logs every line it reads.
+        let script = r#"
+import sys, time
+for i in range(15):
+    sys.stdout.write('{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":0,"progress":%d}}\n' % i)
+    sys.stdout.flush()
+    time.sleep(0.2)
+with open(sys.argv[1], "w") as f:
+    for line in sys.stdin:
+        f.write(line)
+        f.flush()
+"#;
+        let running = python_conn_within(
+            script,
+            &[&log.display().to_string()],
+            std::time::Duration::from_secs(1),
+        );
+        // 256 KiB: far more than the pipe holds (64 KiB).
+        for i in 0..16 {
+            let line = format!(
+                r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"n":{i},"data":"{}"}}}}"#,
+                "x".repeat(16 << 10)
+            );
+            running
+                .conn
+                .write(line.as_bytes(), false)
+                .await
+                .expect("queued");
+        }
+        let read = || {
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .lines()
+                .count()
+        };
+        let start = std::time::Instant::now();
+        while read() < 16 && start.elapsed() < std::time::Duration::from_secs(10) {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        assert!(
+            running.conn.why_closed().is_none(),
+            "ended: {:?}",
+            running.conn.why_closed()
+        );
+        assert_eq!(read(), 16, "every line reached the child");
+        let _ = running.stop.send(());
+    }
+
+    /// The same child silent on stdout as well is deaf: ended within about `timeout_ms`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_child_silent_on_both_pipes_is_deaf() {
+        let running = python_conn_within(
+            "import time; time.sleep(30)",
+            &[],
+            std::time::Duration::from_secs(1),
+        );
+        let line = format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"data":"{}"}}}}"#,
+            "x".repeat(256 << 10)
+        );
+        running
+            .conn
+            .write(line.as_bytes(), false)
+            .await
+            .expect("queued");
+        let why = tokio::time::timeout(std::time::Duration::from_secs(10), running.exited)
+            .await
+            .expect("ended")
+            .expect("a reason");
+        assert!(why.contains("stopped reading its stdin"), "{why}");
     }
 
     /// A child that sends requests faster than it reads its stdin (here: it reads nothing for a
@@ -1911,6 +2022,7 @@ with open(sys.argv[1], "w") as f:
             owner: Mutex::new(Owner::Every),
             dead_held: Mutex::new(Vec::new()),
             written: Arc::default(),
+            heard: Arc::default(),
             deaf: Arc::default(),
             found_deaf: AtomicBool::new(false),
             room: Arc::new(tokio::sync::Semaphore::new(WRITE_QUEUE_BYTES)),
