@@ -2021,6 +2021,46 @@ fn processes_holding(needle: &str) -> Vec<i32> {
         .collect()
 }
 
+/// Review L4: a command the shim cannot start (its file is there and executable, as
+/// `check-config` sees it, but its interpreter is missing: exec fails with ENOENT) is named as
+/// such in `/readyz` and the log, with the reason. Before: "its child process exited (exit
+/// code 127)", the reason only in a stderr line of the log.
+#[tokio::test]
+async fn a_command_that_cannot_be_started_is_named_in_readyz() {
+    use std::os::unix::fs::PermissionsExt;
+    let child = Kid::new();
+    let program = child.path("server");
+    std::fs::write(&program, "#!/nonexistent/interpreter\n").unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let upstream = format!(
+        "\n[[upstream]]\nname = \"default\"\ncommand = [{:?}]\ntimeout_ms = 5000\n",
+        program.display().to_string()
+    );
+    let config = child.path("taskgate.toml");
+    let store = child.path("store");
+    std::fs::write(&config, toml(store.to_str().unwrap(), &upstream)).unwrap();
+    let mut p = TaskgateProcess::spawn(&["serve", "--config", config.to_str().unwrap()], &[]);
+    let (_, admin) = p.listening();
+    let mut body = Value::Null;
+    for _ in 0..250 {
+        body = admin_json(admin, "/readyz").await.1;
+        if body.to_string().contains("could not be started") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let text = body.to_string();
+    let expected = format!(
+        "its command could not be started: {}: No such file or directory",
+        program.display()
+    );
+    assert!(text.contains(&expected), "{text}");
+    assert!(!text.contains("exit code 127"), "{text}");
+    p.signal(libc::SIGTERM);
+    p.wait_exit(Duration::from_secs(15)).expect("stopped");
+    assert!(p.stderr().contains(&expected), "{}", p.stderr());
+}
+
 /// A signal meant for the server sent to the pid taskgate started (now the shim, the group's
 /// leader: `kill -USR1 <pid>` for a log reopen) reaches the command, which goes on. Before the
 /// review fix the shim took only the stops: `SIGUSR1` killed it by its default action, and the

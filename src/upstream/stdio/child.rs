@@ -94,7 +94,8 @@ impl Spec {
     ///
     /// Errors: the program (or the shim) could not be started; through the shim, a command
     /// that cannot be started is a child that exits at once (code 127 when not found, 126
-    /// otherwise; the reason on its stderr).
+    /// otherwise; the reason on its stderr, [`super::shim::START_FAILED`], which [`log_stderr`]
+    /// recognises).
     pub fn spawn(&self) -> std::io::Result<Child> {
         let mut cmd = match LAUNCHER.get() {
             Some(launcher) => {
@@ -209,7 +210,14 @@ pub fn describe(status: std::io::Result<std::process::ExitStatus>) -> String {
 /// second. The rest are counted and the count logged at warn when their one-second window ends,
 /// whether or not the child writes again (a burst followed by silence is reported within a
 /// second, not at the child's next line or exit). Ends with the pipe.
-pub async fn log_stderr(name: Arc<str>, stderr: impl tokio::io::AsyncRead + Unpin) {
+///
+/// The shim's line saying the command could not be started ([`super::shim::START_FAILED`])
+/// also sets `not_started` (the first one, `<program>: <reason>`), logged or not.
+pub async fn log_stderr(
+    name: Arc<str>,
+    stderr: impl tokio::io::AsyncRead + Unpin,
+    not_started: Arc<OnceLock<String>>,
+) {
     const WINDOW: Duration = Duration::from_secs(1);
     let dropped_lines = |dropped: u64| {
         tracing::warn!(target: "taskgate::upstream::stdio", upstream = %name, dropped, "child stderr lines not logged (over {STDERR_LINES_PER_SECOND} a second)");
@@ -243,6 +251,11 @@ pub async fn log_stderr(name: Arc<str>, stderr: impl tokio::io::AsyncRead + Unpi
         let Some(line) = line else {
             continue;
         };
+        if let super::framing::Line::Text(t) = &line {
+            if let Some(reason) = t.strip_prefix(super::shim::START_FAILED) {
+                let _ = not_started.set(cut(reason, STDERR_LINE_BYTES));
+            }
+        }
         if logged >= STDERR_LINES_PER_SECOND {
             dropped += 1;
             continue;
@@ -292,7 +305,7 @@ mod tests {
             .write_all("line\n".repeat(burst).as_bytes())
             .await
             .unwrap();
-        let logging = tokio::spawn(log_stderr("t".into(), stderr));
+        let logging = tokio::spawn(log_stderr("t".into(), stderr, Arc::default()));
         // Paused time: the sleep ends once every task waits, the logger in its read.
         tokio::time::sleep(Duration::from_secs(2)).await;
         let text = logs.text();

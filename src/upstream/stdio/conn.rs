@@ -92,6 +92,13 @@ pub const WRITE_QUEUE_BYTES: usize = 64 << 20;
 /// abandoned) waits for room in a full queue before it is dropped: the child is not reading.
 const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// How a child's end begins when its command could not be started (exec failed, the shim's
+/// word for it: [`super::shim::START_FAILED`]), followed by `: <program>: <reason>`.
+pub const NOT_STARTED: &str = "its command could not be started";
+/// How long the keeper of a child that exited 127 or 126 waits for the shim's stderr line
+/// saying why (the pipe ends with the shim).
+const NOT_STARTED_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// The key of the `_meta` member naming a server→client request's task (2025-11-25 tasks).
 const RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
 /// The client capability (a JSON pointer into `initialize` `capabilities`) a request of the
@@ -364,9 +371,15 @@ impl Conn {
                 pipe_closed.notify_one();
             });
         }
-        if let Some(stderr) = child.stderr.take() {
-            tokio::spawn(super::child::log_stderr(name.clone(), stderr));
-        }
+        // The shim's word that the command could not be started (exec failed).
+        let not_started = Arc::new(std::sync::OnceLock::new());
+        let stderr_logger = child.stderr.take().map(|stderr| {
+            tokio::spawn(super::child::log_stderr(
+                name.clone(),
+                stderr,
+                not_started.clone(),
+            ))
+        });
         let (stop, stop_rx) = oneshot::channel::<()>();
         let (exited_tx, exited) = oneshot::channel();
         let keeper_conn = conn.clone();
@@ -376,7 +389,16 @@ impl Conn {
                 // An exit seen first is told as one, whatever else is ready.
                 biased;
                 status = child.wait() => {
-                    let why = format!("its child process exited ({})", super::child::describe(status));
+                    // 127 or 126 from the shim: its stderr line says why (review L4); it ends
+                    // with the pipe, which only the shim held.
+                    let code = status.as_ref().ok().and_then(|s| s.code());
+                    let mut why = format!("its child process exited ({})", super::child::describe(status));
+                    if let (Some(126 | 127), Some(logger)) = (code, stderr_logger) {
+                        let _ = tokio::time::timeout(NOT_STARTED_WAIT, logger).await;
+                        if let Some(reason) = not_started.get() {
+                            why = format!("{NOT_STARTED}: {reason}");
+                        }
+                    }
                     // What it left in its group goes with it.
                     if let Some(pid) = pid {
                         super::child::signal_group(pid, libc::SIGKILL);

@@ -1042,7 +1042,11 @@ impl Inner {
         }
         let mut running = match rx.await {
             Ok(Ok(running)) => running,
-            Ok(Err(e)) => return Err(self.unreachable(format!("cannot start its command: {e}"))),
+            Ok(Err(e)) => {
+                let program = std::ffi::OsStr::new(&self.spec.program);
+                let why = format!("{}: {}", conn::NOT_STARTED, shim::not_started(program, &e));
+                return Err(self.unreachable(why));
+            }
             Err(_) => return Err(GatewayError::ShuttingDown),
         };
         let conn = running.conn.clone();
@@ -1302,7 +1306,8 @@ impl Inner {
             let child = match self.spec.spawn() {
                 Ok(c) => c,
                 Err(e) => {
-                    let why = format!("cannot start {:?}: {e}", self.spec.program);
+                    let program = std::ffi::OsStr::new(&self.spec.program);
+                    let why = format!("{}: {}", conn::NOT_STARTED, shim::not_started(program, &e));
                     tracing::error!(target: "taskgate::upstream::stdio", upstream = %self.name, "{why}");
                     self.state.send_replace(State::Down(why));
                     if !backoff.wait(&mut stop).await {
@@ -1336,7 +1341,12 @@ impl Inner {
                     if *stop.borrow() {
                         break;
                     }
-                    let why = format!("its initialize failed: {why}; {ended}");
+                    // A command that could not be started is that, not a failed initialize.
+                    let why = if ended.starts_with(conn::NOT_STARTED) {
+                        ended
+                    } else {
+                        format!("its initialize failed: {why}; {ended}")
+                    };
                     tracing::warn!(target: "taskgate::upstream::stdio", upstream = %self.name, "{why}");
                     self.state.send_replace(State::Down(why));
                     if !backoff.wait(&mut stop).await {

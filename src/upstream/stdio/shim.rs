@@ -36,6 +36,22 @@ use std::time::{Duration, Instant};
 /// The argument that starts `taskgate` as a stdio child's shim (not a user-facing command).
 pub const MODE: &str = "__stdio-child";
 
+/// How the shim's stderr line begins when it cannot start the command (exec failed: not
+/// found, not executable, a missing interpreter), before `<program>: <reason>`
+/// ([`not_started`]). taskgate recognises it (`child::log_stderr`) in a child that exits 127
+/// or 126, and names the reason in `/readyz` and its log instead of the bare exit code.
+pub const START_FAILED: &str = "taskgate __stdio-child: command could not be started: ";
+
+/// `<program>: <reason>` for a command that could not be started (`e`, from its exec), the
+/// OS error's number left out: "/srv/server: No such file or directory".
+pub fn not_started(program: &std::ffi::OsStr, e: &std::io::Error) -> String {
+    let reason = e.to_string();
+    let reason = reason
+        .rsplit_once(" (os error ")
+        .map_or(reason.as_str(), |(text, _)| text);
+    format!("{}: {reason}", program.to_string_lossy())
+}
+
 /// Signals the shim does not take (every other one is blocked and waited for): those no
 /// process can block, and the faults of its own code, which must end it. Why every other one:
 /// the shim is now the process taskgate logs as the child and its group's leader, so a signal
@@ -64,7 +80,8 @@ const TICK: Duration = Duration::from_secs(1);
 
 /// Runs the shim for `args` (`--` then the command and its arguments) and never returns: the
 /// process exits as the command did. Exit code 2 without a command; 127 (126) when the command
-/// cannot be started (not found; otherwise), with the reason on stderr.
+/// cannot be started (not found; otherwise), with the reason on stderr: a [`START_FAILED`]
+/// line.
 pub fn run(args: Vec<OsString>) -> ! {
     let mut args = args.into_iter().peekable();
     if args.peek().is_some_and(|a| a == "--") {
@@ -90,7 +107,7 @@ pub fn run(args: Vec<OsString>) -> ! {
     let command = match start(&program, args) {
         Ok(child) => child.id() as libc::pid_t,
         Err(e) => {
-            eprintln!("taskgate: cannot start {program:?}: {e}");
+            eprintln!("{START_FAILED}{}", not_started(&program, &e));
             let code = if e.kind() == std::io::ErrorKind::NotFound {
                 127
             } else {
