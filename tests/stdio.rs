@@ -2021,6 +2021,49 @@ fn processes_holding(needle: &str) -> Vec<i32> {
         .collect()
 }
 
+/// Review L1: taskgate's `SIGKILL` escalation (a command that ignores `SIGTERM` and its stdin's
+/// end) reaches also what the command started in a session of its own (`setsid`: outside the
+/// process group taskgate kills). Before: the group and the shim got `SIGKILL` at once, and
+/// what had left the group was adopted by init and ran on.
+#[tokio::test]
+async fn the_sigkill_escalation_reaches_what_left_the_group() {
+    let child = Kid::new();
+    let marker = format!("tg-left-{}-{}", std::process::id(), rand_suffix());
+    // `"$M"x`: the left process's name ("<marker>x") is not in the script itself.
+    let script = format!(
+        "M={marker}; trap '' TERM; setsid bash -c 'while :; do sleep 0.2; done' \"$M\"x & while :; do sleep 0.2; done"
+    );
+    let upstream = format!(
+        "\n[[upstream]]\nname = \"default\"\ncommand = [\"bash\", \"-c\", {script:?}]\ntimeout_ms = 60000\n"
+    );
+    let config = child.path("taskgate.toml");
+    let store = child.path("store");
+    std::fs::write(&config, toml(store.to_str().unwrap(), &upstream)).unwrap();
+    let mut p = TaskgateProcess::spawn(&["serve", "--config", config.to_str().unwrap()], &[]);
+    p.listening();
+    let left = format!("{marker}x");
+    until("the command's own session runs", || {
+        !processes_holding(&left).is_empty()
+    })
+    .await;
+    p.signal(libc::SIGTERM);
+    p.wait_exit(Duration::from_secs(15)).expect("stopped");
+    let log = p.stderr();
+    assert!(log.contains("SIGKILL"), "escalated: {log}");
+    let mut rest = processes_holding(&marker);
+    for _ in 0..100 {
+        if rest.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        rest = processes_holding(&marker);
+    }
+    for pid in &rest {
+        unsafe { libc::kill(*pid, libc::SIGKILL) };
+    }
+    assert!(rest.is_empty(), "left running: {rest:?}");
+}
+
 /// Review L4: a command the shim cannot start (its file is there and executable, as
 /// `check-config` sees it, but its interpreter is missing: exec fails with ENOENT) is named as
 /// such in `/readyz` and the log, with the reason. Before: "its child process exited (exit

@@ -385,10 +385,12 @@ impl Conn {
         let keeper_conn = conn.clone();
         let deaf = conn.deaf.clone();
         let keeper = tokio::spawn(async move {
+            let mut group = super::child::GroupGuard::new(pid);
             let why = tokio::select! {
                 // An exit seen first is told as one, whatever else is ready.
                 biased;
                 status = child.wait() => {
+                    group.disarm();
                     // 127 or 126 from the shim: its stderr line says why (review L4); it ends
                     // with the pipe, which only the shim held.
                     let code = status.as_ref().ok().and_then(|s| s.code());
@@ -425,6 +427,7 @@ impl Conn {
                     format!("its child process stopped reading its stdin and was ended ({how})")
                 }
             };
+            group.disarm();
             keeper_conn.close(&why);
             let _ = exited_tx.send(why);
         });
@@ -1690,6 +1693,58 @@ mod tests {
             Owner::Every,
             timeout,
         )
+    }
+
+    /// Review L1: a child whose keeper is dropped before it reaped the child (its runtime torn
+    /// down) takes its process group with it: `kill_on_drop` reached the child alone, and what
+    /// it started in its group ran on (through the shim: all but the shim and the command).
+    #[test]
+    fn a_dropped_keeper_kills_the_childs_group() {
+        let dir = tempfile::tempdir().expect("dir");
+        let pid_file = dir.path().join("pid");
+        let script = r#"
+import subprocess, sys, time
+p = subprocess.Popen(["sleep", "300"])
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(str(p.pid))
+import os; os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(300)
+"#;
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let running =
+            rt.block_on(async { python_conn(script, &[&pid_file.display().to_string()]) });
+        let mut sleeper = None;
+        for _ in 0..250 {
+            sleeper = std::fs::read_to_string(&pid_file)
+                .ok()
+                .and_then(|t| t.trim().parse::<libc::pid_t>().ok());
+            if sleeper.is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let sleeper = sleeper.expect("the child started its own child");
+        drop(rt);
+        drop(running);
+        let gone = || {
+            std::fs::read_to_string(format!("/proc/{sleeper}/stat")).map_or(true, |stat| {
+                stat.rsplit_once(')')
+                    .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+            })
+        };
+        let mut ended = gone();
+        for _ in 0..100 {
+            if ended {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            ended = gone();
+        }
+        if !ended {
+            // SAFETY: a plain system call (the test's own leftover).
+            unsafe { libc::kill(sleeper, libc::SIGKILL) };
+        }
+        assert!(ended, "the child's own child ran on");
     }
 
     /// Review M3: a child that reads its stdin only between requests (a single-threaded
