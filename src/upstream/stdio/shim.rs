@@ -174,14 +174,29 @@ pub fn run(args: Vec<OsString>) -> ! {
                 // SAFETY: a plain system call.
                 unsafe { libc::kill(command, libc::SIGKILL) };
             }
-            // taskgate's stops go to the whole group: the command has it already.
-            Some(_) if sender == parent => {}
+            // taskgate's stops go to the whole group, the service manager's to every process
+            // of the service: the command has it already.
+            Some(_) if !passes_on(sender, parent) => {}
             Some(signal) => {
                 // SAFETY: a plain system call.
                 unsafe { libc::kill(command, signal) };
             }
         }
     }
+}
+
+/// Whether a signal `sender` sent the shim is passed on to the command (the shim's parent is
+/// `parent`): not when it is taskgate's (its stops go to the whole group) nor pid 1's. Pid 1
+/// signals the shim itself only when it signals every process of the service: systemd's
+/// `KillMode=control-group` stop (`SIGTERM`, then `SIGCONT`), `systemctl kill` (its
+/// `--kill-whom=all`), so the command got it directly, and passing it on made it get the stop
+/// twice (review L3; a server may take a second `SIGTERM` as "stop now"). A container's init
+/// (pid 1) signals its own child, or that child's group, which the shim is not in; when
+/// taskgate itself is pid 1 it is the parent. A per-user service manager (`systemd --user`)
+/// is not pid 1: its signals are passed on, so such a command gets a stop twice
+/// (`KillMode=mixed` avoids it: README, Deploy).
+fn passes_on(sender: libc::pid_t, parent: libc::pid_t) -> bool {
+    sender != parent && sender != 1
 }
 
 /// The signals the shim takes: all but [`NOT_TAKEN`].
@@ -401,4 +416,29 @@ fn exit_as(status: libc::c_int) -> ! {
         std::process::exit(128 + signal);
     }
     std::process::exit(libc::WEXITSTATUS(status));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Review L3: a signal from pid 1 (systemd signals every process of a service: the
+    /// command has it too) or from taskgate (its stops go to the group) is not passed on; one
+    /// from anyone else (`kill -USR1 <pid>`) is.
+    #[test]
+    fn only_signals_the_command_did_not_get_are_passed_on() {
+        assert!(!passes_on(1, 4242), "the service manager's");
+        assert!(!passes_on(4242, 4242), "taskgate's");
+        assert!(passes_on(777, 4242), "anyone else's");
+        assert!(!passes_on(1, 1), "taskgate as pid 1");
+    }
+
+    #[test]
+    fn a_start_failure_names_the_program_and_the_reason() {
+        let e = std::io::Error::from_raw_os_error(libc::ENOENT);
+        assert_eq!(
+            not_started(std::ffi::OsStr::new("/srv/x"), &e),
+            "/srv/x: No such file or directory"
+        );
+    }
 }
