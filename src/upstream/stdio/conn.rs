@@ -1286,7 +1286,7 @@ async fn write_lines(
                     }
                     found_deaf = true;
                     if live.conn.upgrade().is_some_and(|conn| conn.deafened()) {
-                        tracing::warn!(target: "taskgate::upstream::stdio", upstream = %live.name, timeout_ms = live.timeout.as_millis() as u64, "child read nothing from its stdin while a line waited timeout_ms to be written: ending it");
+                        tracing::warn!(target: "taskgate::upstream::stdio", upstream = %live.name, timeout_ms = live.timeout.as_millis() as u64, "child read nothing from its stdin while a line waited timeout_ms to be written, and said nothing on its stdout: ending it");
                     }
                     continue;
                 }
