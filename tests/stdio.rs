@@ -1606,6 +1606,40 @@ async fn a_child_that_stops_reading_is_found_deaf_without_a_full_queue() {
     );
 }
 
+/// Review M3: a shared child that reads its stdin only between requests stops reading it for
+/// longer than `timeout_ms` (7 s against 5 s) with more than a pipe's worth waiting (160 KiB),
+/// while it speaks on stdout (a notification every 500 ms, as a long call's progress would):
+/// it is busy, not deaf, so it is not ended, and once it reads again everything waiting reaches
+/// it. Before: ended after `timeout_ms` with every session's calls and tasks.
+#[tokio::test]
+async fn a_child_that_speaks_while_it_does_not_read_is_not_deaf() {
+    let child = Kid::new();
+    let tg = start(&child, "", "").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let arguments = json!({"resume_ms": 7000, "chatter_ms": 500});
+    let stall = json!({"name": "stall", "arguments": arguments}).to_string();
+    let stalled = c.rpc(rpc("1", "tools/call", &stall)).await;
+    assert_eq!(
+        stalled["result"]["content"][0]["text"], "stalled",
+        "{stalled}"
+    );
+    let body = padded_note();
+    for _ in 0..10 {
+        assert_eq!(c.send(body.clone()).await.status(), 202);
+    }
+    // Past the 7 s: the child reads again and catches up, then answers this.
+    until("the notes reach the child", || {
+        child.seen_method("notifications/message").len() == 10
+    })
+    .await;
+    let echo = json!({"name": "echo", "arguments": {"text": "hi"}}).to_string();
+    let answer = c.rpc(rpc("2", "tools/call", &echo)).await;
+    assert_eq!(answer["result"]["content"][0]["text"], "hi", "{answer}");
+    assert_eq!(child.pids().len(), 1, "the child was not restarted");
+    assert_eq!(answer["result"]["pid"], json!(child.pids()[0]), "{answer}");
+}
+
 /// `tools/call` of the child's `ask` (it sends `elicitation/create` and answers with what came
 /// back) as request `id` (JSON).
 fn ask_call(id: &str) -> String {
@@ -1985,6 +2019,89 @@ fn processes_holding(needle: &str) -> Vec<i32> {
                 && !process_gone(*pid)
         })
         .collect()
+}
+
+/// Review L1: taskgate's `SIGKILL` escalation (a command that ignores `SIGTERM` and its stdin's
+/// end) reaches also what the command started in a session of its own (`setsid`: outside the
+/// process group taskgate kills). Before: the group and the shim got `SIGKILL` at once, and
+/// what had left the group was adopted by init and ran on.
+#[tokio::test]
+async fn the_sigkill_escalation_reaches_what_left_the_group() {
+    let child = Kid::new();
+    let marker = format!("tg-left-{}-{}", std::process::id(), rand_suffix());
+    // `"$M"x`: the left process's name ("<marker>x") is not in the script itself.
+    let script = format!(
+        "M={marker}; trap '' TERM; setsid bash -c 'while :; do sleep 0.2; done' \"$M\"x & while :; do sleep 0.2; done"
+    );
+    let upstream = format!(
+        "\n[[upstream]]\nname = \"default\"\ncommand = [\"bash\", \"-c\", {script:?}]\ntimeout_ms = 60000\n"
+    );
+    let config = child.path("taskgate.toml");
+    let store = child.path("store");
+    std::fs::write(&config, toml(store.to_str().unwrap(), &upstream)).unwrap();
+    let mut p = TaskgateProcess::spawn(&["serve", "--config", config.to_str().unwrap()], &[]);
+    p.listening();
+    let left = format!("{marker}x");
+    until("the command's own session runs", || {
+        !processes_holding(&left).is_empty()
+    })
+    .await;
+    p.signal(libc::SIGTERM);
+    p.wait_exit(Duration::from_secs(15)).expect("stopped");
+    let log = p.stderr();
+    assert!(log.contains("SIGKILL"), "escalated: {log}");
+    let mut rest = processes_holding(&marker);
+    for _ in 0..100 {
+        if rest.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        rest = processes_holding(&marker);
+    }
+    for pid in &rest {
+        unsafe { libc::kill(*pid, libc::SIGKILL) };
+    }
+    assert!(rest.is_empty(), "left running: {rest:?}");
+}
+
+/// Review L4: a command the shim cannot start (its file is there and executable, as
+/// `check-config` sees it, but its interpreter is missing: exec fails with ENOENT) is named as
+/// such in `/readyz` and the log, with the reason. Before: "its child process exited (exit
+/// code 127)", the reason only in a stderr line of the log.
+#[tokio::test]
+async fn a_command_that_cannot_be_started_is_named_in_readyz() {
+    use std::os::unix::fs::PermissionsExt;
+    let child = Kid::new();
+    let program = child.path("server");
+    std::fs::write(&program, "#!/nonexistent/interpreter\n").unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let upstream = format!(
+        "\n[[upstream]]\nname = \"default\"\ncommand = [{:?}]\ntimeout_ms = 5000\n",
+        program.display().to_string()
+    );
+    let config = child.path("taskgate.toml");
+    let store = child.path("store");
+    std::fs::write(&config, toml(store.to_str().unwrap(), &upstream)).unwrap();
+    let mut p = TaskgateProcess::spawn(&["serve", "--config", config.to_str().unwrap()], &[]);
+    let (_, admin) = p.listening();
+    let mut body = Value::Null;
+    for _ in 0..250 {
+        body = admin_json(admin, "/readyz").await.1;
+        if body.to_string().contains("could not be started") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let text = body.to_string();
+    let expected = format!(
+        "its command could not be started: {}: No such file or directory",
+        program.display()
+    );
+    assert!(text.contains(&expected), "{text}");
+    assert!(!text.contains("exit code 127"), "{text}");
+    p.signal(libc::SIGTERM);
+    p.wait_exit(Duration::from_secs(15)).expect("stopped");
+    assert!(p.stderr().contains(&expected), "{}", p.stderr());
 }
 
 /// A signal meant for the server sent to the pid taskgate started (now the shim, the group's

@@ -21,7 +21,8 @@ at start. Tools:
   stall {resume_ms, trickle_ms} answers, then stops reading its stdin (open) and runs on; with
                                 resume_ms, reads again after that long; with trickle_ms, a slow
                                 reader instead of a deaf one: reads one line every trickle_ms
-                                meanwhile (and handles it)
+                                meanwhile (and handles it); with resume_ms and chatter_ms, sends
+                                a notifications/message every chatter_ms while it reads nothing
   fail {code}                   answers a JSON-RPC error with that code
   both {}                       answers with both a result and an error (an invalid answer)
 tasks/result of a `working` task is never answered (its caller waits).
@@ -275,7 +276,14 @@ def main():
                     slow[0] = (float(trickle) / 1000.0, until)
                     continue
                 if resume is not None:
-                    time.sleep(float(resume) / 1000.0)
+                    chatter = args.get("chatter_ms")
+                    until = time.time() + float(resume) / 1000.0
+                    while chatter is not None and time.time() < until:
+                        # Busy, not deaf: a long call's progress on stdout.
+                        send({"jsonrpc": "2.0", "method": "notifications/message",
+                              "params": {"level": "info", "data": "working"}})
+                        time.sleep(float(chatter) / 1000.0)
+                    time.sleep(max(0.0, until - time.time()))
                     continue
                 while True:
                     time.sleep(3600)

@@ -14,7 +14,11 @@
 //! ([`launch_through`]): `taskgate __stdio-child -- <command…>` ([`super::shim`]) gets the
 //! parent-death signal, leads the group, adopts the command's orphans and, when taskgate dies,
 //! ends them all (`SIGTERM`, then `SIGKILL` after [`TERM_GRACE`]); otherwise it is
-//! transparent (same pipes, the command's exit status, graceful stops as below). Without it
+//! transparent (same pipes, the command's exit status, graceful stops as below), and when a
+//! stop escalates to `SIGKILL` it ends, on taskgate's word, the command's orphans that left
+//! the group too ([`end`]; what can remain: [`super::shim`]). A child whose owning task is
+//! dropped before it reaped it gets its whole group killed ([`GroupGuard`]), not only the
+//! process taskgate started. Without it
 //! (taskgate as a library, its tests), the command is started directly. The signal follows the
 //! *thread* that forked, not the process: every child is spawned by a task on the runtime that
 //! built the transport (the main thread in `taskgate serve`), never on a serving thread, which
@@ -31,6 +35,9 @@ use tokio::process::{Child, Command};
 pub const STDIN_GRACE: Duration = Duration::from_secs(2);
 /// How long a child's group may take to exit after `SIGTERM` before it gets `SIGKILL`.
 pub const TERM_GRACE: Duration = Duration::from_secs(3);
+/// How long the shim may take to end a command's whole tree when taskgate escalates to
+/// `SIGKILL` ([`super::shim::ask_to_end_all`]) before its group gets `SIGKILL` from taskgate.
+pub const SHIM_END_WAIT: Duration = Duration::from_millis(2500);
 /// The longest stderr line logged (longer ones are cut, marked `…`).
 pub const STDERR_LINE_BYTES: usize = 4096;
 /// stderr lines logged per second per child; past it lines are counted, and the count is
@@ -94,7 +101,8 @@ impl Spec {
     ///
     /// Errors: the program (or the shim) could not be started; through the shim, a command
     /// that cannot be started is a child that exits at once (code 127 when not found, 126
-    /// otherwise; the reason on its stderr).
+    /// otherwise; the reason on its stderr, [`super::shim::START_FAILED`], which [`log_stderr`]
+    /// recognises).
     pub fn spawn(&self) -> std::io::Result<Child> {
         let mut cmd = match LAUNCHER.get() {
             Some(launcher) => {
@@ -137,6 +145,32 @@ impl Spec {
     }
 }
 
+/// `SIGKILL` to a child's process group should the task that owns the child be dropped before
+/// it reaped it (a runtime torn down): `kill_on_drop` reaches the child (the shim) alone, and
+/// what the command started in its group ran on. Disarmed once the child is reaped (its
+/// group's id may be reused once the group is empty).
+pub struct GroupGuard(Option<u32>);
+
+impl GroupGuard {
+    /// Guards the group `pgid` leads (`None`: nothing to guard).
+    pub fn new(pgid: Option<u32>) -> GroupGuard {
+        GroupGuard(pgid)
+    }
+
+    /// The child was reaped: nothing to do on drop.
+    pub fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if let Some(pgid) = self.0 {
+            signal_group(pgid, libc::SIGKILL);
+        }
+    }
+}
+
 /// Sends `signal` to the process group `pgid` leads (ignored when the group is gone).
 pub fn signal_group(pgid: u32, signal: libc::c_int) {
     let Ok(pgid) = libc::pid_t::try_from(pgid) else {
@@ -152,8 +186,10 @@ pub fn signal_group(pgid: u32, signal: libc::c_int) {
 }
 
 /// Ends a child and its process group: its stdin is already closed by the caller (dropped);
-/// wait [`STDIN_GRACE`], `SIGTERM` the group, wait [`TERM_GRACE`], `SIGKILL` the group, reap.
-/// Returns how it ended (for the log).
+/// wait [`STDIN_GRACE`], `SIGTERM` the group, wait [`TERM_GRACE`], `SIGKILL` (through the
+/// shim: the shim is asked to `SIGKILL` the command, its group and the orphans it adopted,
+/// [`SHIM_END_WAIT`]; then, and without it, the group gets `SIGKILL`), reap. Returns how it
+/// ended (for the log).
 pub async fn end(name: &str, child: &mut Child) -> String {
     end_after(name, child, STDIN_GRACE).await
 }
@@ -175,6 +211,16 @@ async fn end_after(name: &str, child: &mut Child, stdin_grace: Duration) -> Stri
         match tokio::time::timeout(TERM_GRACE, child.wait()).await {
             Ok(status) => format!("exited after SIGTERM ({})", describe(status)),
             Err(_) => {
+                // Through the shim, it ends the command and all it left (what left the group
+                // too, which the group's `SIGKILL` misses) and exits; the group's `SIGKILL`
+                // stays for a shim that does not.
+                let asked = LAUNCHER.get().is_some()
+                    && pgid
+                        .and_then(|p| libc::pid_t::try_from(p).ok())
+                        .is_some_and(super::shim::ask_to_end_all);
+                if asked {
+                    let _ = tokio::time::timeout(SHIM_END_WAIT, child.wait()).await;
+                }
                 if let Some(pgid) = pgid {
                     signal_group(pgid, libc::SIGKILL);
                 }
@@ -209,7 +255,14 @@ pub fn describe(status: std::io::Result<std::process::ExitStatus>) -> String {
 /// second. The rest are counted and the count logged at warn when their one-second window ends,
 /// whether or not the child writes again (a burst followed by silence is reported within a
 /// second, not at the child's next line or exit). Ends with the pipe.
-pub async fn log_stderr(name: Arc<str>, stderr: impl tokio::io::AsyncRead + Unpin) {
+///
+/// The shim's line saying the command could not be started ([`super::shim::START_FAILED`])
+/// also sets `not_started` (the first one, `<program>: <reason>`), logged or not.
+pub async fn log_stderr(
+    name: Arc<str>,
+    stderr: impl tokio::io::AsyncRead + Unpin,
+    not_started: Arc<OnceLock<String>>,
+) {
     const WINDOW: Duration = Duration::from_secs(1);
     let dropped_lines = |dropped: u64| {
         tracing::warn!(target: "taskgate::upstream::stdio", upstream = %name, dropped, "child stderr lines not logged (over {STDERR_LINES_PER_SECOND} a second)");
@@ -243,6 +296,11 @@ pub async fn log_stderr(name: Arc<str>, stderr: impl tokio::io::AsyncRead + Unpi
         let Some(line) = line else {
             continue;
         };
+        if let super::framing::Line::Text(t) = &line {
+            if let Some(reason) = t.strip_prefix(super::shim::START_FAILED) {
+                let _ = not_started.set(cut(reason, STDERR_LINE_BYTES));
+            }
+        }
         if logged >= STDERR_LINES_PER_SECOND {
             dropped += 1;
             continue;
@@ -292,7 +350,7 @@ mod tests {
             .write_all("line\n".repeat(burst).as_bytes())
             .await
             .unwrap();
-        let logging = tokio::spawn(log_stderr("t".into(), stderr));
+        let logging = tokio::spawn(log_stderr("t".into(), stderr, Arc::default()));
         // Paused time: the sleep ends once every task waits, the logger in its read.
         tokio::time::sleep(Duration::from_secs(2)).await;
         let text = logs.text();

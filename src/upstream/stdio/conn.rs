@@ -40,7 +40,8 @@
 //!   Every request refused is answered: taskgate's answers go ahead of queued requests, and
 //!   when that queue is full the child's stdout is not read further until there is room (a
 //!   child that floods requests is read at the pace it reads its answers; a deaf one, its
-//!   pipe taking nothing for `timeout_ms`, is found so by the writer and ended).
+//!   pipe taking nothing for `timeout_ms` while taskgate reads nothing from its stdout, is
+//!   found so by the writer and ended).
 //!
 //! A line that is not one JSON-RPC message is counted (`taskgate_upstream_errors_total
 //! {kind="protocol"}`), logged at warn (at most one line a second), never forwarded; a line
@@ -48,7 +49,7 @@
 //! it answers, when its id is in the line's first bytes, ends with a JSON-RPC error naming the
 //! bound.
 
-use super::framing::{one_line, Line, Lines};
+use super::framing::{one_line, Counting, Line, Lines};
 use super::queue::{queue, QueueRx, QueueTx};
 use super::route::{Answer, Candidates, Claim, Pending, Progress, Routes, SessionKey, TaskNote};
 use crate::jsonrpc::{self, splice, Id, Kind, Message};
@@ -90,6 +91,13 @@ pub const WRITE_QUEUE_BYTES: usize = 64 << 20;
 /// How long a `notifications/cancelled` taskgate sends on its own (a request given up or
 /// abandoned) waits for room in a full queue before it is dropped: the child is not reading.
 const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How a child's end begins when its command could not be started (exec failed, the shim's
+/// word for it: [`super::shim::START_FAILED`]), followed by `: <program>: <reason>`.
+pub const NOT_STARTED: &str = "its command could not be started";
+/// How long the keeper of a child that exited 127 or 126 waits for the shim's stderr line
+/// saying why (the pipe ends with the shim).
+const NOT_STARTED_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// The key of the `_meta` member naming a server→client request's task (2025-11-25 tasks).
 const RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
@@ -219,6 +227,8 @@ pub struct Conn {
     dead_held: Mutex<Vec<String>>,
     /// Bytes the writer has put into the child's stdin so far (its progress).
     written: Arc<AtomicU64>,
+    /// Bytes read from the child's stdout so far (it still speaks: not deaf, [`write_lines`]).
+    heard: Arc<AtomicU64>,
     /// Wakes the keeper to end a child found deaf ([`Conn::deafened`]).
     deaf: Arc<tokio::sync::Notify>,
     /// Whether it was found deaf (the first finding ends it; later ones change nothing).
@@ -315,6 +325,7 @@ impl Conn {
             owner: Mutex::new(owner),
             dead_held: Mutex::new(Vec::new()),
             written: Arc::new(AtomicU64::new(0)),
+            heard: Arc::new(AtomicU64::new(0)),
             room: Arc::new(tokio::sync::Semaphore::new(WRITE_QUEUE_BYTES)),
             deaf: Arc::new(tokio::sync::Notify::new()),
             found_deaf: AtomicBool::new(false),
@@ -329,6 +340,7 @@ impl Conn {
             let watch = Liveness {
                 name: name.clone(),
                 written: conn.written.clone(),
+                heard: conn.heard.clone(),
                 conn: Arc::downgrade(&conn),
                 timeout,
             };
@@ -342,6 +354,7 @@ impl Conn {
             let conn = conn.clone();
             let pipe_closed = pipe_closed.clone();
             tokio::spawn(async move {
+                let stdout = Counting::new(stdout, conn.heard.clone());
                 let mut lines = Lines::new(stdout, max_message_bytes);
                 while let Ok(Some(line)) = lines.next().await {
                     // An answer of taskgate's own is written before the next line is read: a
@@ -358,19 +371,36 @@ impl Conn {
                 pipe_closed.notify_one();
             });
         }
-        if let Some(stderr) = child.stderr.take() {
-            tokio::spawn(super::child::log_stderr(name.clone(), stderr));
-        }
+        // The shim's word that the command could not be started (exec failed).
+        let not_started = Arc::new(std::sync::OnceLock::new());
+        let stderr_logger = child.stderr.take().map(|stderr| {
+            tokio::spawn(super::child::log_stderr(
+                name.clone(),
+                stderr,
+                not_started.clone(),
+            ))
+        });
         let (stop, stop_rx) = oneshot::channel::<()>();
         let (exited_tx, exited) = oneshot::channel();
         let keeper_conn = conn.clone();
         let deaf = conn.deaf.clone();
         let keeper = tokio::spawn(async move {
+            let mut group = super::child::GroupGuard::new(pid);
             let why = tokio::select! {
                 // An exit seen first is told as one, whatever else is ready.
                 biased;
                 status = child.wait() => {
-                    let why = format!("its child process exited ({})", super::child::describe(status));
+                    group.disarm();
+                    // 127 or 126 from the shim: its stderr line says why (review L4); it ends
+                    // with the pipe, which only the shim held.
+                    let code = status.as_ref().ok().and_then(|s| s.code());
+                    let mut why = format!("its child process exited ({})", super::child::describe(status));
+                    if let (Some(126 | 127), Some(logger)) = (code, stderr_logger) {
+                        let _ = tokio::time::timeout(NOT_STARTED_WAIT, logger).await;
+                        if let Some(reason) = not_started.get() {
+                            why = format!("{NOT_STARTED}: {reason}");
+                        }
+                    }
                     // What it left in its group goes with it.
                     if let Some(pid) = pid {
                         super::child::signal_group(pid, libc::SIGKILL);
@@ -397,6 +427,7 @@ impl Conn {
                     format!("its child process stopped reading its stdin and was ended ({how})")
                 }
             };
+            group.disarm();
             keeper_conn.close(&why);
             let _ = exited_tx.send(why);
         });
@@ -430,8 +461,8 @@ impl Conn {
         self.written.load(Ordering::Acquire)
     }
 
-    /// The child is deaf: a line waited `timeout_ms` for its stdin pipe to take one more byte
-    /// (the writer's liveness rule, `write_lines`). The keeper ends it (close stdin and `SIGTERM` at once:
+    /// The child is deaf: a line waited `timeout_ms` for its stdin pipe to take one more byte,
+    /// and its stdout said nothing meanwhile (the writer's liveness rule, `write_lines`). The keeper ends it (close stdin and `SIGTERM` at once:
     /// `child::end_deaf`; `SIGKILL`): its requests in flight get the reason, and supervision
     /// restarts it (or ends its `per_session` session) as after a crash.
     /// Returns whether this was the first finding.
@@ -1086,7 +1117,8 @@ impl Conn {
     /// stdout until there is room: every request of a child that floods them is answered, at
     /// the pace the child reads its stdin, and what waits is bounded by the queue and the
     /// pipes. A full queue means the writer waits on the pipe: a child that takes nothing for
-    /// `timeout_ms` meanwhile is found deaf by the writer ([`write_lines`]) and ended, which
+    /// `timeout_ms` meanwhile (its stdout then waits unread, so it says nothing) is found deaf
+    /// by the writer ([`write_lines`]) and ended, which
     /// closes the queue, and the answer is dropped (the child reads nothing more).
     async fn reply(&self, msg: Bytes) {
         let _ = self.urgent.send(Outgoing::always(one_line(&msg))).await;
@@ -1188,6 +1220,8 @@ struct Liveness {
     name: Arc<str>,
     /// The child's progress, in bytes written ([`Conn::written`]).
     written: Arc<AtomicU64>,
+    /// Bytes read from the child's stdout ([`Conn`]'s `heard`).
+    heard: Arc<AtomicU64>,
     /// Found deaf through it ([`Conn::deafened`]); weak: the conn holds the writer's queues.
     conn: std::sync::Weak<Conn>,
     /// The upstream's `timeout_ms`.
@@ -1201,8 +1235,14 @@ struct Liveness {
 /// failed (the child closed its stdin).
 ///
 /// The liveness rule (tester 3 F2): a line that waits `timeout_ms` for the pipe to take one
-/// more byte finds the child deaf ([`Conn::deafened`]: the keeper ends it), however few lines
-/// wait behind it. A reader making progress resets the wait with every piece it takes.
+/// more byte, while not one byte is read from the child's stdout, finds the child deaf
+/// ([`Conn::deafened`]: the keeper ends it), however few lines wait behind it. A reader making
+/// progress resets the wait with every piece it takes; a child that speaks on its stdout
+/// during the wait (an answer, progress, a notification) is busy, not deaf, and the wait
+/// begins again (review M3: a single-threaded server reads its stdin only between requests,
+/// so one long call with more than a pipe's worth queued got a shared child ended, every
+/// session's calls and tasks with it). So a deaf child is found within `timeout_ms` of its
+/// last byte read or written, or at most twice that.
 async fn write_lines(
     mut stdin: tokio::process::ChildStdin,
     mut normal: mpsc::Receiver<Outgoing>,
@@ -1231,14 +1271,22 @@ async fn write_lines(
         // In pieces, each counted: a child reading a long line slowly makes progress.
         let mut rest = &line[..];
         while !rest.is_empty() {
+            // What the child had said when this wait began.
+            let heard = live.heard.load(Ordering::Acquire);
             let wrote = tokio::select! {
                 biased;
                 _ = &mut close => return false,
                 wrote = stdin.write(rest) => wrote,
                 () = tokio::time::sleep(live.timeout), if !found_deaf => {
+                    // It spoke meanwhile (an answer, progress): busy, not deaf (review M3: a
+                    // single-threaded server reads its stdin only between requests). A new
+                    // window begins.
+                    if live.heard.load(Ordering::Acquire) != heard {
+                        continue;
+                    }
                     found_deaf = true;
                     if live.conn.upgrade().is_some_and(|conn| conn.deafened()) {
-                        tracing::warn!(target: "taskgate::upstream::stdio", upstream = %live.name, timeout_ms = live.timeout.as_millis() as u64, "child read nothing from its stdin while a line waited timeout_ms to be written: ending it");
+                        tracing::warn!(target: "taskgate::upstream::stdio", upstream = %live.name, timeout_ms = live.timeout.as_millis() as u64, "child read nothing from its stdin while a line waited timeout_ms to be written, and said nothing on its stdout: ending it");
                     }
                     continue;
                 }
@@ -1338,6 +1386,7 @@ mod tests {
             owner: Mutex::new(owner),
             dead_held: Mutex::new(Vec::new()),
             written: Arc::default(),
+            heard: Arc::default(),
             deaf: Arc::default(),
             found_deaf: AtomicBool::new(false),
             room: Arc::new(tokio::sync::Semaphore::new(WRITE_QUEUE_BYTES)),
@@ -1619,6 +1668,11 @@ mod tests {
     /// A `python3 -c script args…` child (stdin and stdout piped, its own process group,
     /// killed on drop) run by a [`Conn`] named `kid`: 1 MiB lines, a `timeout_ms` of 5 s.
     fn python_conn(script: &str, args: &[&str]) -> Running {
+        python_conn_within(script, args, std::time::Duration::from_secs(5))
+    }
+
+    /// [`python_conn`] with a `timeout_ms` of `timeout`.
+    fn python_conn_within(script: &str, args: &[&str], timeout: std::time::Duration) -> Running {
         let child = tokio::process::Command::new("python3")
             .arg("-c")
             .arg(script)
@@ -1637,8 +1691,142 @@ mod tests {
             Arc::default(),
             Arc::new(Metrics::new(&["kid".to_string()])),
             Owner::Every,
-            std::time::Duration::from_secs(5),
+            timeout,
         )
+    }
+
+    /// Review L1: a child whose keeper is dropped before it reaped the child (its runtime torn
+    /// down) takes its process group with it: `kill_on_drop` reached the child alone, and what
+    /// it started in its group ran on (through the shim: all but the shim and the command).
+    #[test]
+    fn a_dropped_keeper_kills_the_childs_group() {
+        let dir = tempfile::tempdir().expect("dir");
+        let pid_file = dir.path().join("pid");
+        let script = r#"
+import subprocess, sys, time
+p = subprocess.Popen(["sleep", "300"])
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(str(p.pid))
+import os; os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(300)
+"#;
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let running =
+            rt.block_on(async { python_conn(script, &[&pid_file.display().to_string()]) });
+        let mut sleeper = None;
+        for _ in 0..250 {
+            sleeper = std::fs::read_to_string(&pid_file)
+                .ok()
+                .and_then(|t| t.trim().parse::<libc::pid_t>().ok());
+            if sleeper.is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let sleeper = sleeper.expect("the child started its own child");
+        drop(rt);
+        drop(running);
+        let gone = || {
+            std::fs::read_to_string(format!("/proc/{sleeper}/stat")).map_or(true, |stat| {
+                stat.rsplit_once(')')
+                    .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+            })
+        };
+        let mut ended = gone();
+        for _ in 0..100 {
+            if ended {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            ended = gone();
+        }
+        if !ended {
+            // SAFETY: a plain system call (the test's own leftover).
+            unsafe { libc::kill(sleeper, libc::SIGKILL) };
+        }
+        assert!(ended, "the child's own child ran on");
+    }
+
+    /// Review M3: a child that reads its stdin only between requests (a single-threaded
+    /// server) stops reading it for longer than `timeout_ms` while a long call runs, and sends
+    /// its progress on stdout meanwhile, with more than a pipe's worth queued: it is alive, not
+    /// deaf. Before, the pipe taking nothing for `timeout_ms` was enough: a shared child was
+    /// ended with every session's calls and tasks.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_child_that_speaks_on_stdout_while_not_reading_is_not_deaf() {
+        let dir = tempfile::tempdir().expect("dir");
+        let log = dir.path().join("read");
+        // Reads nothing for 3 s (3 times `timeout_ms`), with a progress notification every
+        // 200 ms, then logs every line it reads.
+        let script = r#"
+import sys, time
+for i in range(15):
+    sys.stdout.write('{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":0,"progress":%d}}\n' % i)
+    sys.stdout.flush()
+    time.sleep(0.2)
+with open(sys.argv[1], "w") as f:
+    for line in sys.stdin:
+        f.write(line)
+        f.flush()
+"#;
+        let running = python_conn_within(
+            script,
+            &[&log.display().to_string()],
+            std::time::Duration::from_secs(1),
+        );
+        // 256 KiB: far more than the pipe holds (64 KiB).
+        for i in 0..16 {
+            let line = format!(
+                r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"n":{i},"data":"{}"}}}}"#,
+                "x".repeat(16 << 10)
+            );
+            running
+                .conn
+                .write(line.as_bytes(), false)
+                .await
+                .expect("queued");
+        }
+        let read = || {
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .lines()
+                .count()
+        };
+        let start = std::time::Instant::now();
+        while read() < 16 && start.elapsed() < std::time::Duration::from_secs(10) {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        assert!(
+            running.conn.why_closed().is_none(),
+            "ended: {:?}",
+            running.conn.why_closed()
+        );
+        assert_eq!(read(), 16, "every line reached the child");
+        let _ = running.stop.send(());
+    }
+
+    /// The same child silent on stdout as well is deaf: ended within about `timeout_ms`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_child_silent_on_both_pipes_is_deaf() {
+        let running = python_conn_within(
+            "import time; time.sleep(30)",
+            &[],
+            std::time::Duration::from_secs(1),
+        );
+        let line = format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"data":"{}"}}}}"#,
+            "x".repeat(256 << 10)
+        );
+        running
+            .conn
+            .write(line.as_bytes(), false)
+            .await
+            .expect("queued");
+        let why = tokio::time::timeout(std::time::Duration::from_secs(10), running.exited)
+            .await
+            .expect("ended")
+            .expect("a reason");
+        assert!(why.contains("stopped reading its stdin"), "{why}");
     }
 
     /// A child that sends requests faster than it reads its stdin (here: it reads nothing for a
@@ -1911,6 +2099,7 @@ with open(sys.argv[1], "w") as f:
             owner: Mutex::new(Owner::Every),
             dead_held: Mutex::new(Vec::new()),
             written: Arc::default(),
+            heard: Arc::default(),
             deaf: Arc::default(),
             found_deaf: AtomicBool::new(false),
             room: Arc::new(tokio::sync::Semaphore::new(WRITE_QUEUE_BYTES)),

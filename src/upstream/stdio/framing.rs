@@ -9,7 +9,11 @@
 //! must end that message only, not every later one.
 
 use bytes::BytesMut;
-use tokio::io::{AsyncRead, AsyncReadExt};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 use tokio_util::codec::{Decoder, LinesCodec, LinesCodecError};
 
 /// How much is read from the pipe at once.
@@ -74,6 +78,36 @@ impl<R: AsyncRead + Unpin> Lines<R> {
                 self.eof = true;
             }
         }
+    }
+}
+
+/// A reader that counts the bytes read through it into a shared counter: how the writer's
+/// liveness rule sees that a child still speaks on its stdout (`conn::write_lines`).
+pub(super) struct Counting<R> {
+    reader: R,
+    count: Arc<AtomicU64>,
+}
+
+impl<R> Counting<R> {
+    /// `reader`, each byte read through it added to `count`.
+    pub(super) fn new(reader: R, count: Arc<AtomicU64>) -> Counting<R> {
+        Counting { reader, count }
+    }
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for Counting<R> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.reader).poll_read(cx, buf);
+        let read = buf.filled().len().saturating_sub(before);
+        if read > 0 {
+            self.count.fetch_add(read as u64, Ordering::AcqRel);
+        }
+        polled
     }
 }
 

@@ -74,7 +74,12 @@
 //! whose stdin pipe took not one byte for `timeout_ms` while taskgate had a line to write to it
 //! (a request waiting, or a notification, or taskgate's answer to the child's own request;
 //! the writer watches its own write, so the rule holds under light traffic: one request larger
-//! than the pipe is enough). It replaces the earlier rule, "a write that found taskgate's
+//! than the pipe is enough), and whose stdout said not one byte in that time either. A child
+//! that speaks meanwhile (an answer, progress, a notification) is busy, not deaf: a
+//! single-threaded server reads its stdin only between requests, so one call longer than
+//! `timeout_ms` with more than a pipe's worth (64 KiB) queued found a shared child deaf, and
+//! every session's calls and tasks ended with it (review M3); the wait begins again instead,
+//! so a deaf child is found within one to two `timeout_ms`. It replaces the earlier rule, "a write that found taskgate's
 //! 256-line stdin queue full for `timeout_ms`", which the writer's rule covers (a full queue
 //! means the writer waits on the pipe) and which light traffic never met: with `max_in_flight`
 //! at 64, only stale lines of timed-out requests could fill the queue, so a deaf child got
@@ -147,7 +152,7 @@
 //! away) is skipped by the writer: never written, so never run, and not cancelled either
 //! (`route::Claim`: the writer taking the line and the caller's end decide once, so a
 //! request is either written, and then cancelled, or neither). A child whose pipe took
-//! nothing for `timeout_ms` is deaf, whether or not the queue is full: ended and restarted
+//! nothing for `timeout_ms`, while its stdout said nothing, is deaf, whether or not the queue is full: ended and restarted
 //! (see Supervision), its requests in flight answered as on a crash ("… stopped reading its
 //! stdin and was ended (…)"). A `notifications/cancelled` is not waited
 //! for: one that finds the queue full is written by a task once there is room (within
@@ -1037,7 +1042,11 @@ impl Inner {
         }
         let mut running = match rx.await {
             Ok(Ok(running)) => running,
-            Ok(Err(e)) => return Err(self.unreachable(format!("cannot start its command: {e}"))),
+            Ok(Err(e)) => {
+                let program = std::ffi::OsStr::new(&self.spec.program);
+                let why = format!("{}: {}", conn::NOT_STARTED, shim::not_started(program, &e));
+                return Err(self.unreachable(why));
+            }
             Err(_) => return Err(GatewayError::ShuttingDown),
         };
         let conn = running.conn.clone();
@@ -1297,7 +1306,8 @@ impl Inner {
             let child = match self.spec.spawn() {
                 Ok(c) => c,
                 Err(e) => {
-                    let why = format!("cannot start {:?}: {e}", self.spec.program);
+                    let program = std::ffi::OsStr::new(&self.spec.program);
+                    let why = format!("{}: {}", conn::NOT_STARTED, shim::not_started(program, &e));
                     tracing::error!(target: "taskgate::upstream::stdio", upstream = %self.name, "{why}");
                     self.state.send_replace(State::Down(why));
                     if !backoff.wait(&mut stop).await {
@@ -1331,7 +1341,12 @@ impl Inner {
                     if *stop.borrow() {
                         break;
                     }
-                    let why = format!("its initialize failed: {why}; {ended}");
+                    // A command that could not be started is that, not a failed initialize.
+                    let why = if ended.starts_with(conn::NOT_STARTED) {
+                        ended
+                    } else {
+                        format!("its initialize failed: {why}; {ended}")
+                    };
                     tracing::warn!(target: "taskgate::upstream::stdio", upstream = %self.name, "{why}");
                     self.state.send_replace(State::Down(why));
                     if !backoff.wait(&mut stop).await {

@@ -21,11 +21,24 @@
 //!   the command's status (a command killed by a signal: the shim dies by the same signal), so
 //!   taskgate sees the command's own end;
 //! - when taskgate dies (the parent-death signal, or its parent is no longer taskgate), the
-//!   group and its orphans get `SIGTERM`, then `SIGKILL` after [`TERM_GRACE`];
+//!   group (`killpg`) and its orphans get `SIGTERM`, then `SIGKILL` after [`TERM_GRACE`], and
+//!   last the whole group `SIGKILL` by `killpg`, the shim included;
 //! - taskgate's own stops signal the group, the shim included: it takes the signals it is sent
 //!   by taskgate as meant for the command (which got them too) and waits for the command's end,
 //!   so graceful stops work as without it; a signal from anyone else is passed on to the
-//!   command.
+//!   command;
+//! - when taskgate escalates a stop to `SIGKILL`, it first asks the shim alone
+//!   ([`ask_to_end_all`]: `SIGTERM` queued with a value): the shim `SIGKILL`s the command, then
+//!   its group and its orphans as on the command's end, so what left the group (`setsid`) goes
+//!   too (review L1), and exits; taskgate's `killpg(SIGKILL)` of the group follows.
+//!
+//! What can remain: the group is reached by `killpg` (taskgate's, or the shim's own), `/proc`
+//! or not; processes that left the group are reached only through the shim (they are its
+//! children once their parents died: it is a subreaper), found in `/proc`. Once the shim itself
+//! is gone (`SIGKILL`ed by someone, taskgate's own `killpg(SIGKILL)` when the shim did not end
+//! the rest within `child::SHIM_END_WAIT`, or taskgate's runtime dropped the child unreaped:
+//! `child::GroupGuard`), its orphans are adopted by init and run on; so do they without
+//! `/proc`.
 //!
 //! The shim runs no runtime and allocates only at its start and when it scans `/proc` to find
 //! what the command left.
@@ -35,6 +48,22 @@ use std::time::{Duration, Instant};
 
 /// The argument that starts `taskgate` as a stdio child's shim (not a user-facing command).
 pub const MODE: &str = "__stdio-child";
+
+/// How the shim's stderr line begins when it cannot start the command (exec failed: not
+/// found, not executable, a missing interpreter), before `<program>: <reason>`
+/// ([`not_started`]). taskgate recognises it (`child::log_stderr`) in a child that exits 127
+/// or 126, and names the reason in `/readyz` and its log instead of the bare exit code.
+pub const START_FAILED: &str = "taskgate __stdio-child: command could not be started: ";
+
+/// `<program>: <reason>` for a command that could not be started (`e`, from its exec), the
+/// OS error's number left out: "/srv/server: No such file or directory".
+pub fn not_started(program: &std::ffi::OsStr, e: &std::io::Error) -> String {
+    let reason = e.to_string();
+    let reason = reason
+        .rsplit_once(" (os error ")
+        .map_or(reason.as_str(), |(text, _)| text);
+    format!("{}: {reason}", program.to_string_lossy())
+}
 
 /// Signals the shim does not take (every other one is blocked and waited for): those no
 /// process can block, and the faults of its own code, which must end it. Why every other one:
@@ -62,9 +91,30 @@ pub const TERM_GRACE: Duration = Duration::from_secs(3);
 /// How long the shim waits for a signal before it checks its parent again.
 const TICK: Duration = Duration::from_secs(1);
 
+/// The value taskgate queues with [`END_ALL_SIGNAL`] (`sigqueue`) to the shim alone when it
+/// escalates a stop to `SIGKILL` ([`ask_to_end_all`]).
+const END_ALL: libc::c_int = 0x7467_6b6c;
+
+/// The signal that carries [`END_ALL`]: one the shim takes, and, sent to it alone by its
+/// parent with that value, told apart from a stop taskgate sent the whole group.
+const END_ALL_SIGNAL: libc::c_int = libc::SIGTERM;
+
+/// Asks the shim `pid` (started by this process) to end its command and everything it left at
+/// once (`SIGKILL`): the command's process group and the orphans it adopted, also those that
+/// left the group, which a `SIGKILL` of the group misses (review L1); it then exits as the
+/// command did (killed by `SIGKILL`). Returns whether the request was sent.
+pub fn ask_to_end_all(pid: libc::pid_t) -> bool {
+    let value = libc::sigval {
+        sival_ptr: END_ALL as usize as *mut libc::c_void,
+    };
+    // SAFETY: a plain system call; the value is a number, not a pointer anyone reads.
+    unsafe { libc::sigqueue(pid, END_ALL_SIGNAL, value) == 0 }
+}
+
 /// Runs the shim for `args` (`--` then the command and its arguments) and never returns: the
 /// process exits as the command did. Exit code 2 without a command; 127 (126) when the command
-/// cannot be started (not found; otherwise), with the reason on stderr.
+/// cannot be started (not found; otherwise), with the reason on stderr: a [`START_FAILED`]
+/// line.
 pub fn run(args: Vec<OsString>) -> ! {
     let mut args = args.into_iter().peekable();
     if args.peek().is_some_and(|a| a == "--") {
@@ -90,7 +140,7 @@ pub fn run(args: Vec<OsString>) -> ! {
     let command = match start(&program, args) {
         Ok(child) => child.id() as libc::pid_t,
         Err(e) => {
-            eprintln!("taskgate: cannot start {program:?}: {e}");
+            eprintln!("{START_FAILED}{}", not_started(&program, &e));
             let code = if e.kind() == std::io::ErrorKind::NotFound {
                 127
             } else {
@@ -101,7 +151,7 @@ pub fn run(args: Vec<OsString>) -> ! {
     };
     let_go_of_stdin_and_stdout();
     loop {
-        let (signal, sender) = wait_for(&taken, TICK);
+        let (signal, sender, queued) = wait_for(&taken, TICK);
         if let Some(status) = reap(command) {
             end_the_rest(Duration::ZERO);
             exit_as(status);
@@ -109,20 +159,44 @@ pub fn run(args: Vec<OsString>) -> ! {
         // SAFETY: a plain system call.
         if unsafe { libc::getppid() } != parent {
             end_the_rest(TERM_GRACE);
+            // What /proc did not show of the group (or all of it, without /proc) goes too, and
+            // the shim with it: nobody waits for its status now.
+            signal_own_group(libc::SIGKILL);
             std::process::exit(1);
         }
         match signal {
             // A child's end; a broken pipe is the shim's own write's (its stderr), not the
             // command's.
             Some(libc::SIGCHLD | libc::SIGPIPE) | None => {}
-            // taskgate's stops go to the whole group: the command has it already.
-            Some(_) if sender == parent => {}
+            // taskgate's escalation (`ask_to_end_all`): the command's end, reaped above at the
+            // next signal, ends the rest at once.
+            Some(END_ALL_SIGNAL) if sender == parent && queued == Some(END_ALL) => {
+                // SAFETY: a plain system call.
+                unsafe { libc::kill(command, libc::SIGKILL) };
+            }
+            // taskgate's stops go to the whole group, the service manager's to every process
+            // of the service: the command has it already.
+            Some(_) if !passes_on(sender, parent) => {}
             Some(signal) => {
                 // SAFETY: a plain system call.
                 unsafe { libc::kill(command, signal) };
             }
         }
     }
+}
+
+/// Whether a signal `sender` sent the shim is passed on to the command (the shim's parent is
+/// `parent`): not when it is taskgate's (its stops go to the whole group) nor pid 1's. Pid 1
+/// signals the shim itself only when it signals every process of the service: systemd's
+/// `KillMode=control-group` stop (`SIGTERM`, then `SIGCONT`), `systemctl kill` (its
+/// `--kill-whom=all`), so the command got it directly, and passing it on made it get the stop
+/// twice (review L3; a server may take a second `SIGTERM` as "stop now"). A container's init
+/// (pid 1) signals its own child, or that child's group, which the shim is not in; when
+/// taskgate itself is pid 1 it is the parent. A per-user service manager (`systemd --user`)
+/// is not pid 1: its signals are passed on, so such a command gets a stop twice
+/// (`KillMode=mixed` avoids it: README, Deploy).
+fn passes_on(sender: libc::pid_t, parent: libc::pid_t) -> bool {
+    sender != parent && sender != 1
 }
 
 /// The signals the shim takes: all but [`NOT_TAKEN`].
@@ -185,21 +259,28 @@ fn let_go_of_stdin_and_stdout() {
     }
 }
 
-/// Waits up to `within` for one of the `taken` signals: which one, and who sent it.
-fn wait_for(taken: &libc::sigset_t, within: Duration) -> (Option<libc::c_int>, libc::pid_t) {
+/// Waits up to `within` for one of the `taken` signals: which one, who sent it, and the value
+/// queued with it (`sigqueue`), if it was queued.
+fn wait_for(
+    taken: &libc::sigset_t,
+    within: Duration,
+) -> (Option<libc::c_int>, libc::pid_t, Option<libc::c_int>) {
     let timeout = libc::timespec {
         tv_sec: within.as_secs() as libc::time_t,
         tv_nsec: within.subsec_nanos() as libc::c_long,
     };
     // SAFETY: `info` is written by the kernel; `si_pid` reads the union's sender field, which
-    // every signal sent with kill (and SIGCHLD) fills.
+    // every signal sent with kill or sigqueue (and SIGCHLD) fills; `si_value` is read only for
+    // a queued one (`SI_QUEUE`), which fills it.
     unsafe {
         let mut info = std::mem::zeroed::<libc::siginfo_t>();
         let signal = libc::sigtimedwait(taken, &mut info, &timeout);
         if signal <= 0 {
-            (None, 0)
+            (None, 0, None)
         } else {
-            (Some(signal), info.si_pid())
+            let queued = (info.si_code == libc::SI_QUEUE)
+                .then(|| info.si_value().sival_ptr as usize as libc::c_int);
+            (Some(signal), info.si_pid(), queued)
         }
     }
 }
@@ -251,12 +332,43 @@ fn the_rest() -> Vec<libc::pid_t> {
         .collect()
 }
 
+/// Whether `pid` is in the process group the shim leads.
+fn in_own_group(pid: libc::pid_t) -> bool {
+    // SAFETY: plain system calls.
+    unsafe {
+        let me = libc::getpid();
+        libc::getpgrp() == me && libc::getpgid(pid) == me
+    }
+}
+
+/// Sends `signal` to the shim's process group when the shim leads it (as taskgate starts it),
+/// the shim included: no `/proc` needed.
+fn signal_own_group(signal: libc::c_int) {
+    // SAFETY: plain system calls.
+    unsafe {
+        let me = libc::getpid();
+        if libc::getpgrp() == me {
+            libc::killpg(me, signal);
+        }
+    }
+}
+
 /// Ends what the command left: `SIGTERM`, then `SIGKILL` once `grace` is over (at once without
 /// one), reaping what it adopted; returns when nothing is left, or 2 s after the `SIGKILL`.
+///
+/// The `SIGTERM` goes to the shim's group with `killpg` (the shim takes it: blocked), so every
+/// member gets it, `/proc` or not; the orphans that left the group, and the `SIGKILL`s (a
+/// `killpg` would end the shim too, which must exit with the command's status), go by the
+/// pids `/proc` shows ([`the_rest`]). Without `/proc` what is left of the group gets
+/// taskgate's `SIGKILL` once the shim exited (`child::signal_group`), or, when taskgate died,
+/// the shim's own ([`signal_own_group`]); orphans that left the group are not found then.
 fn end_the_rest(grace: Duration) {
     let started = Instant::now();
     let mut termed: Vec<libc::pid_t> = Vec::new();
     let taken = taken_set();
+    if !grace.is_zero() {
+        signal_own_group(libc::SIGTERM);
+    }
     loop {
         reap(0);
         let rest = the_rest();
@@ -268,7 +380,8 @@ fn end_the_rest(grace: Duration) {
             if elapsed >= grace {
                 // SAFETY: a plain system call.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
-            } else if !termed.contains(&pid) {
+            } else if !termed.contains(&pid) && !in_own_group(pid) {
+                // The group had its `SIGTERM` (`killpg`); this one left it.
                 // SAFETY: a plain system call.
                 unsafe { libc::kill(pid, libc::SIGTERM) };
                 termed.push(pid);
@@ -303,4 +416,29 @@ fn exit_as(status: libc::c_int) -> ! {
         std::process::exit(128 + signal);
     }
     std::process::exit(libc::WEXITSTATUS(status));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Review L3: a signal from pid 1 (systemd signals every process of a service: the
+    /// command has it too) or from taskgate (its stops go to the group) is not passed on; one
+    /// from anyone else (`kill -USR1 <pid>`) is.
+    #[test]
+    fn only_signals_the_command_did_not_get_are_passed_on() {
+        assert!(!passes_on(1, 4242), "the service manager's");
+        assert!(!passes_on(4242, 4242), "taskgate's");
+        assert!(passes_on(777, 4242), "anyone else's");
+        assert!(!passes_on(1, 1), "taskgate as pid 1");
+    }
+
+    #[test]
+    fn a_start_failure_names_the_program_and_the_reason() {
+        let e = std::io::Error::from_raw_os_error(libc::ENOENT);
+        assert_eq!(
+            not_started(std::ffi::OsStr::new("/srv/x"), &e),
+            "/srv/x: No such file or directory"
+        );
+    }
 }
