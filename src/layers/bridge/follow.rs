@@ -78,12 +78,8 @@ pub(super) async fn tasks_get<S: McpService>(
                 None => legacy_reply(&id, answer, Value::clone),
             }
         }
-        Ok(answer) => legacy_reply(&id, answer, |r| match translate::legacy_task(r) {
-            Some(mut task) => {
-                translate::normalise_legacy_task(&mut task, now_ms());
-                task
-            }
-            None => r.clone(),
+        Ok(answer) => legacy_reply(&id, answer, |r| {
+            translate::legacy_task(r).unwrap_or_else(|| r.clone())
         }),
         Err(e) => failure_reply(&id, &e),
     }
@@ -406,8 +402,7 @@ async fn follow_result<S: McpService>(
         if s != known.status {
             // A status change seen while following: `notifications/tasks/status` (2025).
             backoff = MIN_POLL;
-            if let Some(mut t) = translate::legacy_task(task) {
-                translate::normalise_legacy_task(&mut t, now_ms());
+            if let Some(t) = translate::legacy_task(task) {
                 let note =
                     json!({"jsonrpc": "2.0", "method": "notifications/tasks/status", "params": t});
                 if tx.send(Event::message(note.to_string())).await.is_err() {
