@@ -697,7 +697,8 @@ impl Registry {
     /// A `tasks/result` payload arrived: the task ended (`failed` for an `isError` tool result).
     /// Applied only to a record that is not terminal yet: a payload carries no status, so it
     /// never contradicts a recorded terminal one (the Python SDK answers an empty result for a
-    /// cancelled task).
+    /// cancelled task). An update a shared store refuses is kept and applied again once it
+    /// answers ([`super::refused`]), with the time taskgate saw the payload.
     /// Returns whether the record became terminal just now (see [`Applied`]).
     pub(super) fn apply_result_payload_now(
         &self,
@@ -732,6 +733,20 @@ impl Registry {
             Ok(_) => false,
             Err(e) => {
                 self.write_failed(&e, "task store update failed");
+                // The client read the payload and stops polling: the end is kept and written
+                // again once a shared store answers, as a status report's is (`refused`).
+                if !e.is_closed() {
+                    let report = Report {
+                        status,
+                        message: None,
+                        updated_at: Some(format_rfc3339_ms(now)),
+                        poll_interval_ms: None,
+                        tool_error: false,
+                        result: None,
+                        error: None,
+                    };
+                    self.keep_refused(upstream, task_id, report, "tasks/result");
+                }
                 false
             }
         }
