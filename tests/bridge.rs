@@ -1176,6 +1176,18 @@ async fn invalid_fields_of_a_creation_are_not_passed_to_a_2025_client() {
     valid_task(&v["result"]["task"], "CreateTaskResult");
     let v = c.get("4", "odd-fields").await;
     valid_task(&v["result"], "tasks/get");
+    // The record holds valid times too: `tasks/list` is made of it.
+    let v = c.list("5", None).await;
+    let listed = v["result"]["tasks"].as_array().cloned().unwrap_or_default();
+    let task = listed.iter().find(|t| t["taskId"] == "odd-fields");
+    valid_task(task.unwrap_or(&Value::Null), "tasks/list");
+    // One time, the record's, in every answer (not taskgate's clock at each).
+    let got = c.get("6", "odd-fields").await;
+    assert_eq!(
+        got["result"]["createdAt"],
+        task.unwrap_or(&Value::Null)["createdAt"],
+        "{got}"
+    );
 }
 
 /// An upstream that never answers `server/discover` is not bridged while it stays unknown:

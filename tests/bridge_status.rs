@@ -170,6 +170,49 @@ async fn tasks_notifications_on_other_streams_are_translated() {
     assert!(note["params"].get("result").is_none(), "{note}");
 }
 
+/// A relayed `notifications/tasks` with members a 2025 client's schema rejects (`pollIntervalMs:
+/// -1`, `createdAt: "yesterday"`, `lastUpdatedAt: 12`) reaches a 2025 client made valid, as a
+/// bridged creation and `tasks/get` are (one normalisation, `translate::legacy_task`).
+#[tokio::test]
+async fn a_relayed_notifications_invalid_fields_are_made_valid() {
+    let state: Shared = Default::default();
+    let modern = modern_handler(state.clone());
+    let up = Upstream::start(move |req: &RecordedRequest| {
+        let v = req.json();
+        if v["method"] == "tools/call" && v["params"]["name"] == "chatty" {
+            let other = state.lock().unwrap().tasks.keys().next().cloned();
+            let mut task = detailed(&other.unwrap_or_default(), "working");
+            task["pollIntervalMs"] = json!(-1);
+            task["createdAt"] = json!("yesterday");
+            task["lastUpdatedAt"] = json!(12);
+            let note = json!({"jsonrpc":"2.0","method":"notifications/tasks","params": task});
+            let done = rpc_result(&req.rpc_id_json(), r#"{"content":[]}"#);
+            return ScriptedResponse::sse(vec![
+                SseStep::Raw(ev().data(&note.to_string()).wire()),
+                SseStep::Raw(ev().data(&done).wire()),
+            ]);
+        }
+        modern(req)
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let t = create(&c, 1).await;
+    let out = call(&c, &call_body("2", "chatty", None), &json!(2)).await;
+    assert_eq!(out.before.len(), 1, "{out:?}");
+    let p = &out.before[0]["params"];
+    assert_eq!(p["taskId"], json!(t), "{p}");
+    assert!(p.get("pollInterval").is_none(), "{p}");
+    for key in ["createdAt", "lastUpdatedAt"] {
+        let at = p[key].as_str().unwrap_or_default();
+        assert!(
+            taskgate::mcp::task::parse_rfc3339_ms(at).is_some(),
+            "{key}: {p}"
+        );
+    }
+}
+
 /// Progress first: a plain client (no tasks capability) whose call of a task-only tool taskgate
 /// runs as a task gets a progress message on its token as soon as the task exists, before the
 /// real result, even when the task ends before the first status poll.

@@ -2390,3 +2390,30 @@ fn one_task_session(req: &RecordedRequest) -> ScriptedResponse {
         _ => mcp_handler(req),
     }
 }
+
+/// A 2025-11-25 upstream's `CreateTaskResult` with times that are not RFC 3339 ones
+/// (`"yesterday"`, `12`): the record holds taskgate's clock instead, so the gateway's own
+/// `tasks/list` (made of the records) stays schema-valid.
+#[tokio::test]
+async fn tasks_list_shows_no_invalid_upstream_time() {
+    let up = Upstream::start(|req| match req.rpc_method().as_deref() {
+        Some("tools/call") => ScriptedResponse::result_for(
+            req,
+            r#"{"task":{"taskId":"t-1","status":"working","createdAt":"yesterday","lastUpdatedAt":12,"ttl":60000}}"#,
+        ),
+        _ => one_task_session(req),
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let t = c.create_task("1").await;
+    let v = c.list("2", None).await;
+    let tasks = v["result"]["tasks"].as_array().cloned().unwrap_or_default();
+    let task = tasks.iter().find(|x| x["taskId"] == json!(t));
+    let task = task.unwrap_or_else(|| panic!("{v}"));
+    for key in ["createdAt", "lastUpdatedAt"] {
+        let at = task[key].as_str().unwrap_or_default();
+        assert!(parse_rfc3339_ms(at).is_some(), "{key}: {task}");
+    }
+}

@@ -13,6 +13,8 @@
 //! - a 2025-11-25 task the upstream runs whose `completed` passes through to the client during
 //!   the outage: once the database is back, with no further request, the record is `completed`
 //!   and the owner's slot free (`registry::refused`); a graceful stop meanwhile drains it.
+//! - the same for a blocking `tasks/result` whose payload (the task ended) reaches the client
+//!   during the outage (`Registry::apply_result_payload` keeps it as the status reports are).
 //!
 //! Each fails on the code before its fix (fe9c9c2; the last on ee40333): the final write was
 //! tried once, the lease end too, and the lease renewed for as long as the process ran: the
@@ -423,18 +425,32 @@ async fn upstream_task_completed_while_down(
     pg: &mut PgCluster,
     env: &str,
 ) -> (Tg, UpServer, Client, String) {
-    // The first `tasks/get` of a task answers `completed` once `gate` opens; the task itself
-    // never ends upstream otherwise (no later poll could record it by chance).
+    upstream_task_ended_while_down(pg, env, "tasks/get").await
+}
+
+/// [`upstream_task_completed_while_down`], the end told by the answer to `ends_by`: a
+/// `tasks/get` (`completed`) or a blocking `tasks/result` (the tool's result: the task ended).
+async fn upstream_task_ended_while_down(
+    pg: &mut PgCluster,
+    env: &str,
+    ends_by: &'static str,
+) -> (Tg, UpServer, Client, String) {
+    // The first `ends_by` of a task answers once `gate` opens; the task itself never ends
+    // upstream otherwise (no later poll could record it by chance).
     let gate = Gate::new();
     let held = gate.clone();
     let hook: Hook = std::sync::Arc::new(move |method, id, task_id, n| {
-        (method == "tasks/get" && n == 1).then(|| {
-            let task = json!({
-                "taskId": task_id, "status": "completed", "statusMessage": "all done",
-                "createdAt": "2026-01-01T00:00:00Z", "lastUpdatedAt": "2026-01-01T00:00:01Z",
-                "ttl": 60000, "pollInterval": 100,
-            });
-            ScriptedResponse::json(rpc_result(id, &task.to_string())).after_gate(&held)
+        (method == ends_by && n == 1).then(|| {
+            let answer = if ends_by == "tasks/result" {
+                json!({"content": [{"type": "text", "text": "done"}], "isError": false})
+            } else {
+                json!({
+                    "taskId": task_id, "status": "completed", "statusMessage": "all done",
+                    "createdAt": "2026-01-01T00:00:00Z", "lastUpdatedAt": "2026-01-01T00:00:01Z",
+                    "ttl": 60000, "pollInterval": 100,
+                })
+            };
+            ScriptedResponse::json(rpc_result(id, &answer.to_string())).after_gate(&held)
         })
     });
     let server = UpServer::start(UpBehaviour {
@@ -459,15 +475,21 @@ async fn upstream_task_completed_while_down(
         .unwrap_or_else(|| panic!("not a CreateTaskResult: {created}"))
         .to_string();
 
-    // The client's `tasks/get` is authorised and upstream; the database stops; the upstream
-    // answers `completed`.
+    // The client's request is authorised and upstream; the database stops; the upstream
+    // answers that the task ended.
     let get = {
         let (c, task) = (c.clone(), task.clone());
-        tokio::spawn(async move { c.get("\"g1\"", &task).await })
+        tokio::spawn(async move {
+            if ends_by == "tasks/result" {
+                c.result("\"g1\"", &task).await
+            } else {
+                c.get("\"g1\"", &task).await
+            }
+        })
     };
     assert!(
-        server.wait_count("tasks/get", 1, STEP).await,
-        "the tasks/get is upstream"
+        server.wait_count(ends_by, 1, STEP).await,
+        "the {ends_by} is upstream"
     );
     let before = tg.metrics.store_write_failures_total.get();
     pg.stop_server();
@@ -476,10 +498,17 @@ async fn upstream_task_completed_while_down(
         .await
         .expect("the client is answered")
         .unwrap();
-    assert_eq!(
-        seen["result"]["status"], "completed",
-        "passed through: {seen}"
-    );
+    if ends_by == "tasks/result" {
+        assert_eq!(
+            seen["result"]["content"][0]["text"], "done",
+            "passed through: {seen}"
+        );
+    } else {
+        assert_eq!(
+            seen["result"]["status"], "completed",
+            "passed through: {seen}"
+        );
+    }
     write_refused(&tg, before).await;
     (tg, server, c, task)
 }
@@ -512,6 +541,32 @@ async fn an_upstream_task_that_completes_while_the_database_is_down_is_recorded_
     )
     .await;
     assert_eq!(rec["status_message"], "all done", "{rec}");
+    slot_is_free(&c).await;
+}
+
+/// A 2025-11-25 task the upstream runs whose blocking `tasks/result` is answered (the tool's
+/// result: the task ended) while the database is down: the payload's end (`completed`) is kept
+/// by the registry and written once the database is back, with no further request, and the
+/// owner's slot is free. Before, `apply_result_payload` was tried once: the record stayed
+/// `working` (its slot held) until its ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_payload_that_ends_a_task_while_the_database_is_down_is_recorded_once_it_is_back()
+{
+    let test =
+        "a_result_payload_that_ends_a_task_while_the_database_is_down_is_recorded_once_it_is_back";
+    let Some(mut pg) = stoppable(test) else {
+        return;
+    };
+    let (_tg, _server, c, task) =
+        upstream_task_ended_while_down(&mut pg, "TG_FINAL_WRITE_PAYLOAD_DB", "tasks/result").await;
+    pg.start_server();
+    let db = db(&pg).await;
+    completed_once_back(
+        &db,
+        &task,
+        "the record is completed once the database is back, without another request",
+    )
+    .await;
     slot_is_free(&c).await;
 }
 

@@ -1204,6 +1204,57 @@ async fn keep_policy_follows_the_task_to_its_end_and_frees_the_owners_slot() {
     );
 }
 
+/// L7: the background follower of a kept call (F13) is held to its task's ttl (here the
+/// record's, `tasks.max_ttl_ms` = 1.5 s, shorter than `upgrade.ttl_ms`): once it has passed
+/// the follower stops polling and leaves the record as the registry does (expired, swept),
+/// and `taskgate_upgrade_kept_followers` says how many kept calls are followed (1, then 0).
+/// Before, it polled on until `upgrade.ttl_ms` from the call's start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_calls_follower_stops_at_its_tasks_ttl() {
+    let up = UpServer::start(UpBehaviour {
+        task_ms: None,
+        ..UpBehaviour::default()
+    })
+    .await;
+    let tg = UgConfig::new(&up.url())
+        .with("on_client_disconnect = \"keep\"")
+        .with("disconnect_grace_ms = 100")
+        .gateway("sse_keepalive_ms = 50")
+        .tasks("max_ttl_ms = 1500")
+        .start()
+        .await;
+    let c = client_with(&tg.mcp_url(), json!({})).await;
+    let sse = c.send(call_body("1", "research", None)).await.sse();
+    assert!(up.wait_count("tasks/result", 1, STEP).await);
+    let task_id = up.only_task();
+    let expires_at = tg.record(&task_id).expect("recorded").expires_at;
+    drop(sse);
+    let followed = eventually(STEP, || async {
+        let m = tg.metrics_text().await;
+        (metric(&m, "taskgate_upgrade_kept_followers", &[]) == 1.0).then_some(())
+    })
+    .await;
+    assert!(followed.is_some(), "one kept call followed");
+    let polls = up.count("tasks/get");
+    assert!(
+        up.wait_count("tasks/get", polls + 2, STEP).await,
+        "it polls"
+    );
+    // Past the task's ttl (and a poll interval): no follower left, no poll after.
+    let left = expires_at.saturating_sub(taskgate::mcp::task::now_ms());
+    tokio::time::sleep(Duration::from_millis(left + 300)).await;
+    let stopped = eventually(STEP, || async {
+        let m = tg.metrics_text().await;
+        (metric(&m, "taskgate_upgrade_kept_followers", &[]) == 0.0).then_some(())
+    })
+    .await;
+    assert!(stopped.is_some(), "the follower ended at the task's ttl");
+    let polls = up.count("tasks/get");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(up.count("tasks/get"), polls, "no poll past the task's ttl");
+    assert_eq!(up.count("tasks/cancel"), 0, "kept, not cancelled");
+}
+
 /// The background follower of a kept call (F13) never holds a graceful stop back (its task may
 /// run for `upgrade.ttl_ms`), and sends nothing upstream once the stop has returned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

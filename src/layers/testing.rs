@@ -67,6 +67,8 @@ pub struct CountingStore {
     /// When set, every `update` and `update_from` fails (`StoreError::Db`), as a database that
     /// went away would.
     pub fail_updates: std::sync::atomic::AtomicBool,
+    /// When set, every `get` fails (`StoreError::Db`), as a database that went away would.
+    pub fail_gets: std::sync::atomic::AtomicBool,
     /// Every `remove_held_session` counts itself in `held_removals_begun`, then takes this
     /// lock: a test holding it keeps removals waiting (a slow store).
     pub held_removals: std::sync::Mutex<()>,
@@ -116,6 +118,7 @@ impl CountingStore {
             fail_lists: Default::default(),
             fail_held: Default::default(),
             fail_updates: Default::default(),
+            fail_gets: Default::default(),
             held_removals: Default::default(),
             held_removals_begun: Default::default(),
             syncs_gate: Default::default(),
@@ -147,6 +150,9 @@ impl TaskStore for CountingStore {
     }
     fn get(&self, upstream: &str, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
         inc(&self.counts.gets);
+        if self.fail_gets.load(Ordering::SeqCst) {
+            return Err(StoreError::Db("the store is down (test)".into()));
+        }
         self.inner.get(upstream, task_id)
     }
     fn update(

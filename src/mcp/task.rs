@@ -113,6 +113,14 @@ pub struct Task {
     pub poll_interval: Option<u64>,
 }
 
+/// `at` when it is an RFC 3339 time ([`parse_rfc3339_ms`]), else `None`: what taskgate takes of
+/// an upstream's `createdAt` / `lastUpdatedAt`. An invalid one (`"yesterday"`) is as if absent,
+/// so no record, list or translated task shows it (a client's schema rejects the whole result
+/// over one such member: 2025-11-25 and 2026-07-28 `Task` give both as RFC 3339 strings).
+pub fn valid_time(at: Option<&str>) -> Option<&str> {
+    at.filter(|t| parse_rfc3339_ms(t).is_some())
+}
+
 /// Parses an RFC 3339 time (`2025-11-25T10:30:00Z`, fractions and offsets allowed) into
 /// milliseconds since the Unix epoch. Returns `None` for anything else or times before 1970.
 pub fn parse_rfc3339_ms(s: &str) -> Option<u64> {

@@ -170,6 +170,11 @@ const UPGRADED_CALLS_TOTAL: Spec = spec(
     "Plain tools/call upgraded to tasks by taskgate, by outcome.",
     &["upstream", "outcome"],
 );
+const UPGRADE_KEPT_FOLLOWERS: Spec = spec(
+    "taskgate_upgrade_kept_followers",
+    "Upgraded calls whose client went away followed in the background (upgrade.on_client_disconnect = \"keep\"; at most 1024 per upstream).",
+    UP,
+);
 const BRIDGE_INPUT_REFUSED_TOTAL: Spec = spec(
     "taskgate_bridge_input_refused_total",
     "Input requests not relayed to the client, by reason: capability, too_many_keys, client_error (a bridged task's: the task is cancelled; a 2025-11-25 client's request a 2026-07-28 upstream asked input for within it, MRTR: the request is answered with an error, also counted in taskgate_bridge_mrtr_total); undeclared (a 2025-11-25 server's request during a 2026-07-28 client's call, answered -32601 upstream).",
@@ -335,6 +340,10 @@ pub struct Metrics {
     /// `taskgate_upgraded_calls_total{upstream,outcome}`: plain `tools/call` turned into tasks, by
     /// [`UpgradeOutcome`] (see `layers::upgrade`).
     pub upgraded_calls_total: IntCounterVec,
+    /// `taskgate_upgrade_kept_followers{upstream}`: kept upgraded calls (client gone,
+    /// `upgrade.on_client_disconnect = "keep"`) followed in the background now (see
+    /// [`Metrics::kept_follower_started`]).
+    pub upgrade_kept_followers: IntGaugeVec,
     /// `taskgate_bridge_input_refused_total{upstream,reason}`: input requests not relayed to the
     /// client, by [`InputRefusal`]: a bridged task's (see `layers::bridge::input`), an MRTR
     /// exchange's (`layers::relay::mrtr`, counted in `bridge_mrtr_total` too), the reverse
@@ -397,6 +406,7 @@ impl Metrics {
             task_late_results_total: b.counter_vec(&TASK_LATE_RESULTS_TOTAL),
             task_activity_after_cancel_total: b.counter_vec(&TASK_ACTIVITY_AFTER_CANCEL_TOTAL),
             upgraded_calls_total: b.counter_vec(&UPGRADED_CALLS_TOTAL),
+            upgrade_kept_followers: b.gauge_vec(&UPGRADE_KEPT_FOLLOWERS),
             bridge_input_refused_total: b.counter_vec(&BRIDGE_INPUT_REFUSED_TOTAL),
             bridge_mrtr_total: b.counter_vec(&BRIDGE_MRTR_TOTAL),
             bridge_mrtr_rounds_total: b.counter_vec(&BRIDGE_MRTR_ROUNDS_TOTAL),
@@ -473,6 +483,7 @@ impl Metrics {
         ] {
             vec.with_label_values(&[up]);
         }
+        self.upgrade_kept_followers.with_label_values(&[up]);
     }
 
     /// The Prometheus text exposition (format 0.0.4) of every metric.
@@ -499,6 +510,13 @@ impl Metrics {
         let gauge = self
             .sse_streams_open
             .with_label_values(&[upstream, kind.as_str()]);
+        gauge.inc();
+        GaugeGuard(gauge)
+    }
+    /// A kept upgraded call's background follower starts; it counts in
+    /// `taskgate_upgrade_kept_followers` until the returned guard is dropped.
+    pub fn kept_follower_started(&self, upstream: &str) -> GaugeGuard {
+        let gauge = self.upgrade_kept_followers.with_label_values(&[upstream]);
         gauge.inc();
         GaugeGuard(gauge)
     }

@@ -34,6 +34,7 @@ const CONTRACT: &[(&str, &str)] = &[
     ("taskgate_trace_export_failures_total", "counter"),
     ("taskgate_trace_spans_dropped_total", "counter"),
     ("taskgate_unrecorded_task_cancels_total", "counter"),
+    ("taskgate_upgrade_kept_followers", "gauge"),
     ("taskgate_upgraded_calls_total", "counter"),
     ("taskgate_upstream_errors_total", "counter"),
     ("taskgate_upstream_oversize_total", "counter"),

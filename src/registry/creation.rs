@@ -2,7 +2,7 @@
 //! before that message is passed on.
 
 use super::{Registry, Reservation};
-use crate::mcp::task::{format_rfc3339_ms, now_ms, parse_rfc3339_ms, TaskStatus};
+use crate::mcp::task::{format_rfc3339_ms, now_ms, parse_rfc3339_ms, valid_time, TaskStatus};
 use crate::metrics::CreationRefusal;
 use crate::store::{StoreError, TaskRecord};
 use serde_json::Value;
@@ -15,7 +15,9 @@ impl Registry {
     /// no upstream can make a record outlive the cap, and the client is told the ttl taskgate
     /// keeps the task for. A shorter ttl than the retention floor ([`MIN_RETENTION_MS`]: `0`,
     /// a few ms) is recorded and shown as the upstream gave it, but the record expires at the
-    /// floor. `None` when `task` has no string `taskId`.
+    /// floor. A `createdAt` that is not an RFC 3339 time is recorded as taskgate's clock, a
+    /// `lastUpdatedAt` that is not one as the `createdAt` recorded (a `tasks/list` shows
+    /// what the record holds). `None` when `task` has no string `taskId`.
     pub fn creation_record(&self, template: &TaskRecord, task: &Value) -> Option<TaskRecord> {
         self.creation_record_of(template, &CreatedTask::of(task)?)
     }
@@ -28,6 +30,9 @@ impl Registry {
         task: &CreatedTask<'_>,
     ) -> Option<TaskRecord> {
         let text = |s: Option<&str>| s.map(str::to_string);
+        // An upstream time that is not one is taskgate's clock (`valid_time`): the record, and
+        // every `tasks/list` and answer made of it, stays schema-valid.
+        let time = |s: Option<&str>| valid_time(s).map(str::to_string);
         let now = now_ms();
         let mut record = template.clone();
         record.task_id = task.task_id.to_string();
@@ -36,9 +41,9 @@ impl Registry {
             .and_then(TaskStatus::parse)
             .unwrap_or(TaskStatus::Working);
         record.status_message = text(task.status_message);
-        record.created_at = text(task.created_at).unwrap_or_else(|| format_rfc3339_ms(now));
+        record.created_at = time(task.created_at).unwrap_or_else(|| format_rfc3339_ms(now));
         record.last_updated_at =
-            text(task.last_updated_at).unwrap_or_else(|| record.created_at.clone());
+            time(task.last_updated_at).unwrap_or_else(|| record.created_at.clone());
         let cap = self.config.max_ttl_ms;
         // `null` (2025-11-25: unlimited) or none: the record still ends at the cap, so the cap
         // is the ttl recorded and shown to the client (see `observe`'s `show_recorded_ttl`).
@@ -168,9 +173,10 @@ pub struct CreatedTask<'a> {
     pub status: Option<&'a str>,
     /// `statusMessage`, when a string.
     pub status_message: Option<&'a str>,
-    /// `createdAt`, when a string.
+    /// `createdAt`, when a string (recorded only when an RFC 3339 time, see
+    /// [`Registry::creation_record`]).
     pub created_at: Option<&'a str>,
-    /// `lastUpdatedAt`, when a string.
+    /// `lastUpdatedAt`, when a string (as `created_at`).
     pub last_updated_at: Option<&'a str>,
     /// `ttl` in whole ms when a number that is one (a fraction rounded up); `None` for `null`,
     /// none, or anything else (the cap then).

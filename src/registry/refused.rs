@@ -6,7 +6,10 @@
 //! Nothing else would write it: the record stayed `working` until its ttl (`tasks/list`
 //! said so) and held one of its owner's `tasks.max_live_tasks_per_owner` slots. So
 //! `Registry::apply_status` keeps such a report here ([`super::OnRefusal::Keep`]: every
-//! caller but a gateway task's final write, which retries itself), and one task of the
+//! caller but a gateway task's final write, which retries itself), as
+//! `Registry::apply_result_payload` keeps the end a 2025-11-25 `tasks/result` payload says
+//! (`completed`, or `failed` for an `isError` result; the payload itself is not kept: a later
+//! `tasks/result` goes upstream), and one task of the
 //! registry ([`Registry::retry_refused_reports`]) applies it again, with backoff
 //! ([`super::FinalWriteBackoff`]), until the store takes it, the record is gone or expired, or
 //! the process stops (a graceful stop's drain waits for them, and logs at warn how many were
@@ -449,7 +452,9 @@ impl Registry {
     ) -> Again {
         match self.store.get(upstream, task_id) {
             Err(e) => {
-                self.write_failed(&e, "task store read failed");
+                // A read, not a write: logged, not counted in
+                // `taskgate_store_write_failures_total` (the refused write was, when kept).
+                crate::store::log_failure(&e, "task store read failed");
                 return if e.is_closed() {
                     Again::Closed
                 } else {

@@ -239,3 +239,49 @@ async fn the_wait_for_kept_reports_ends_when_they_are_written() {
     let r = store.get("up", "t1").unwrap().unwrap();
     assert_eq!(r.status, TaskStatus::Failed);
 }
+
+/// A 2025 `tasks/result` payload ending a task (`apply_result_payload`) while the shared store
+/// refuses writes was tried once and lost: the record stayed `working`. Now it is kept as a
+/// terminal report and written once the store answers, as the status reports are.
+#[tokio::test]
+async fn a_refused_result_payload_is_written_once_the_store_answers() {
+    let (registry, store) = shared().await;
+    down(&store, true);
+    registry.apply_result_payload("up", "t1", true).await;
+    assert_eq!(registry.refused.len(), 1, "kept");
+    assert_eq!(registry.apply_kept_reports().await, Round::Refused);
+    down(&store, false);
+    assert_eq!(registry.apply_kept_reports().await, Round::Took);
+    assert_eq!(registry.refused.len(), 0, "written: forgotten");
+    let r = store.get("up", "t1").unwrap().unwrap();
+    assert_eq!(r.status, TaskStatus::Failed);
+    assert!(r.terminal_at.is_some());
+    assert_eq!(transitions_to(&registry, "failed"), 1, "counted once");
+}
+
+/// A kept report whose record cannot be read (the store still out of reach) is tried again
+/// later; the failed read is no store write failure (`taskgate_store_write_failures_total`
+/// counts the registry's writes the store refused, L5).
+#[tokio::test]
+async fn a_kept_reports_failed_read_is_not_a_write_failure() {
+    let (registry, store) = shared().await;
+    down(&store, true);
+    registry
+        .observe_task("up", json!({"taskId": "t1", "status": "completed"}), "test")
+        .await;
+    assert_eq!(registry.refused.len(), 1, "kept");
+    let failures = registry.metrics().store_write_failures_total.get();
+    store.fail_gets.store(true, Ordering::SeqCst);
+    assert_eq!(registry.apply_kept_reports().await, Round::Refused);
+    assert_eq!(registry.refused.len(), 1, "still kept");
+    assert_eq!(
+        registry.metrics().store_write_failures_total.get(),
+        failures,
+        "a read is not a write"
+    );
+    store.fail_gets.store(false, Ordering::SeqCst);
+    down(&store, false);
+    assert_eq!(registry.apply_kept_reports().await, Round::Took);
+    let r = store.get("up", "t1").unwrap().unwrap();
+    assert_eq!(r.status, TaskStatus::Completed);
+}

@@ -5,7 +5,7 @@
 
 use super::Registry;
 use crate::jsonrpc::splice;
-use crate::mcp::task::{format_rfc3339_ms, now_ms, parse_rfc3339_ms, TaskStatus};
+use crate::mcp::task::{format_rfc3339_ms, now_ms, parse_rfc3339_ms, valid_time, TaskStatus};
 use crate::metrics::ReleaseReason;
 use crate::store::TaskRecord;
 use bytes::Bytes;
@@ -188,7 +188,7 @@ impl Report {
         Some(Report {
             status: task.status.and_then(TaskStatus::parse)?,
             message: task.status_message.flatten().map(str::to_string),
-            updated_at: task.last_updated_at.flatten().map(str::to_string),
+            updated_at: valid_time(task.last_updated_at.flatten()).map(str::to_string),
             poll_interval_ms: task.poll_interval.flatten(),
             tool_error: task.tool_error,
             result: None,
@@ -420,10 +420,9 @@ impl Registry {
             .get("statusMessage")
             .and_then(Value::as_str)
             .map(str::to_string);
-        let updated_at = task
-            .get("lastUpdatedAt")
-            .and_then(Value::as_str)
-            .map(str::to_string);
+        // A time that is not one is as if absent (`valid_time`): never recorded.
+        let updated_at =
+            valid_time(task.get("lastUpdatedAt").and_then(Value::as_str)).map(str::to_string);
         let poll = task.get("pollInterval").and_then(Value::as_u64);
         let report = Report {
             status,
@@ -470,7 +469,8 @@ impl Registry {
             Some(v) => v != held,
         };
         differs(task.status_message, record.status_message.as_deref())
-            || differs(task.last_updated_at, Some(record.last_updated_at.as_str()))
+            || valid_time(task.last_updated_at.flatten())
+                .is_some_and(|u| u != record.last_updated_at)
             || match task.poll_interval {
                 None => false,
                 Some(v) => v != record.poll_interval_ms,
@@ -697,7 +697,8 @@ impl Registry {
     /// A `tasks/result` payload arrived: the task ended (`failed` for an `isError` tool result).
     /// Applied only to a record that is not terminal yet: a payload carries no status, so it
     /// never contradicts a recorded terminal one (the Python SDK answers an empty result for a
-    /// cancelled task).
+    /// cancelled task). An update a shared store refuses is kept and applied again once it
+    /// answers ([`super::refused`]), with the time taskgate saw the payload.
     /// Returns whether the record became terminal just now (see [`Applied`]).
     pub(super) fn apply_result_payload_now(
         &self,
@@ -732,6 +733,20 @@ impl Registry {
             Ok(_) => false,
             Err(e) => {
                 self.write_failed(&e, "task store update failed");
+                // The client read the payload and stops polling: the end is kept and written
+                // again once a shared store answers, as a status report's is (`refused`).
+                if !e.is_closed() {
+                    let report = Report {
+                        status,
+                        message: None,
+                        updated_at: Some(format_rfc3339_ms(now)),
+                        poll_interval_ms: None,
+                        tool_error: false,
+                        result: None,
+                        error: None,
+                    };
+                    self.keep_refused(upstream, task_id, report, "tasks/result");
+                }
                 false
             }
         }

@@ -352,3 +352,37 @@ async fn the_error_of_a_task_failed_meanwhile_is_kept() {
     let r = registry.store().get("up", "f1").unwrap().unwrap();
     assert!(r.terminal_error.is_some(), "the error is kept");
 }
+
+/// What the registry records of an upstream's task is schema-valid whatever the upstream sent
+/// (either era): a `createdAt` / `lastUpdatedAt` that is not an RFC 3339 time (`"yesterday"`,
+/// `12`) is recorded as taskgate's clock (`lastUpdatedAt`: the valid `createdAt`), at the
+/// creation and at a status change, so `tasks/list` (the records) shows valid times.
+#[tokio::test]
+async fn invalid_upstream_times_are_not_recorded() {
+    let (registry, _store) = crate::layers::testing::registry();
+    let template = crate::layers::testing::record("t1");
+    let valid = |at: &str| crate::mcp::task::parse_rfc3339_ms(at).is_some();
+    let odd = serde_json::json!({"taskId": "t1", "status": "working", "ttl": 60000,
+        "createdAt": "yesterday", "lastUpdatedAt": 12, "pollInterval": -1});
+    let record = registry.creation_record(&template, &odd).unwrap();
+    assert!(valid(&record.created_at), "{}", record.created_at);
+    assert!(valid(&record.last_updated_at), "{}", record.last_updated_at);
+    assert_eq!(record.poll_interval_ms, None);
+    let half = serde_json::json!({"taskId": "t1", "status": "working",
+        "createdAt": "2026-01-01T00:00:00Z", "lastUpdatedAt": "soon"});
+    let record = registry.creation_record(&template, &half).unwrap();
+    assert_eq!(record.last_updated_at, "2026-01-01T00:00:00Z");
+
+    let owner = crate::layers::testing::owner();
+    let reservation = registry.reserve(&"up".into(), &owner).unwrap();
+    registry
+        .record_creation(record, &reservation)
+        .await
+        .unwrap();
+    let moved = serde_json::json!({"taskId": "t1", "status": "input_required",
+        "lastUpdatedAt": "later"});
+    registry.observe_task("up", moved, "tasks/get").await;
+    let r = registry.store().get("up", "t1").unwrap().unwrap();
+    assert_eq!(r.status, TaskStatus::InputRequired);
+    assert!(valid(&r.last_updated_at), "{}", r.last_updated_at);
+}

@@ -328,6 +328,12 @@ impl PgCluster {
             return;
         };
         let postmaster = child.id() as i32;
+        // The postmaster first when stopping, before its children are listed: a backend it
+        // forked between the listing and its stop kept answering (a "hung" server whose
+        // `/readyz` ping said ok, `the_tier_rides_out_a_hung_database`); last when resuming.
+        if sig == libc::SIGSTOP {
+            unsafe { libc::kill(postmaster, sig) };
+        }
         let children: Vec<i32> = std::fs::read_dir("/proc")
             .into_iter()
             .flatten()
@@ -342,10 +348,6 @@ impl PgCluster {
                     == Some(postmaster)
             })
             .collect();
-        // The postmaster first when stopping (no new children meanwhile), last when resuming.
-        if sig == libc::SIGSTOP {
-            unsafe { libc::kill(postmaster, sig) };
-        }
         for pid in children {
             unsafe { libc::kill(pid, sig) };
         }

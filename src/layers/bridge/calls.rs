@@ -365,13 +365,7 @@ fn creation_reply(
     }
     let created = result.and_then(translate::legacy_create_result);
     let reply = legacy_reply(id, answer, |result| {
-        match translate::legacy_create_result(result) {
-            Some(mut created) => {
-                translate::normalise_legacy_task(&mut created["task"], crate::mcp::task::now_ms());
-                created
-            }
-            None => result.clone(),
-        }
+        translate::legacy_create_result(result).unwrap_or_else(|| result.clone())
     });
     match (created, rest) {
         // The creation's own stream goes on after the answer: its notifications (a

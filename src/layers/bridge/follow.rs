@@ -13,7 +13,7 @@ use crate::layers::relay::input::{self, Ask, Pending, MAX_KEYS_PER_TASK};
 use crate::layers::McpService;
 use crate::mcp::era::Era;
 use crate::mcp::errors::McpError;
-use crate::mcp::task::{now_ms, TaskStatus};
+use crate::mcp::task::{now_ms, valid_time, TaskStatus};
 use crate::metrics::InputRefusal;
 use crate::registry::Observed;
 use crate::sse::Event;
@@ -80,12 +80,28 @@ pub(super) async fn tasks_get<S: McpService>(
         }
         Ok(answer) => legacy_reply(&id, answer, |r| match translate::legacy_task(r) {
             Some(mut task) => {
-                translate::normalise_legacy_task(&mut task, now_ms());
+                recorded_times(&mut task, r, &record);
                 task
             }
             None => r.clone(),
         }),
         Err(e) => failure_reply(&id, &e),
+    }
+}
+
+/// A time of `upstream` (the 2026 task a `tasks/get` answered) that is not an RFC 3339 one is
+/// shown in `task` (its 2025 translation) as the record holds it (taskgate's clock when it was
+/// recorded: `Registry::creation_record`), so every `tasks/get` and `tasks/list` shows the same
+/// time, not taskgate's clock at each answer.
+fn recorded_times(task: &mut Value, upstream: &Value, record: &TaskRecord) {
+    let invalid = |key: &str| valid_time(upstream.get(key).and_then(Value::as_str)).is_none();
+    if invalid("createdAt") {
+        task["createdAt"] = Value::from(record.created_at.as_str());
+    }
+    // The record's time is this status's only when the record holds it already.
+    let same = upstream.get("status").and_then(Value::as_str) == Some(record.status.as_str());
+    if invalid("lastUpdatedAt") && same {
+        task["lastUpdatedAt"] = Value::from(record.last_updated_at.as_str());
     }
 }
 
@@ -406,8 +422,7 @@ async fn follow_result<S: McpService>(
         if s != known.status {
             // A status change seen while following: `notifications/tasks/status` (2025).
             backoff = MIN_POLL;
-            if let Some(mut t) = translate::legacy_task(task) {
-                translate::normalise_legacy_task(&mut t, now_ms());
+            if let Some(t) = translate::legacy_task(task) {
                 let note =
                     json!({"jsonrpc": "2.0", "method": "notifications/tasks/status", "params": t});
                 if tx.send(Event::message(note.to_string())).await.is_err() {

@@ -28,9 +28,14 @@ pub fn modern_params(params: Option<&Value>) -> Value {
 }
 
 /// A 2025 `Task` from a 2026 `Task` / `DetailedTask` (flat, `ttlMs`, `pollIntervalMs`):
-/// `resultType`, `result`, `error` and `inputRequests` dropped, fields renamed, and a
+/// `resultType`, `result`, `error` and `inputRequests` dropped, fields renamed, a
 /// `completed` whose `result.isError` is `true` shown as `failed` (2025-11-25: a tool error is a
-/// failed task). `None` when `task` is not an object with a string `taskId` and `status`.
+/// failed task), and the members a 2025 client's schema checks made valid
+/// ([`normalise_legacy_task`], on taskgate's clock). Every 2025 task shown for a 2026 one is
+/// made here: a bridged `CreateTaskResult`, `tasks/get` answer, and `notifications/tasks/status`
+/// (a followed `tasks/result`'s, and the ones relayed from the upstream's streams, see
+/// [`legacy_notification`]). `None` when `task` is not an object with a string `taskId` and
+/// `status`.
 pub fn legacy_task(task: &Value) -> Option<Value> {
     let o = task.as_object()?;
     o.get("taskId")?.as_str()?;
@@ -59,18 +64,18 @@ pub fn legacy_task(task: &Value) -> Option<Value> {
         out.insert("status".into(), json!("failed"));
     }
     out.entry("ttl").or_insert(Value::Null);
-    Some(Value::Object(out))
+    let mut out = Value::Object(out);
+    normalise_legacy_task(&mut out, crate::mcp::task::now_ms());
+    Some(out)
 }
 
-/// Makes the members of `task`, a 2025 `Task` from [`legacy_task`], that a 2025 client's schema
+/// Makes the members of `task`, a 2025 `Task` (see [`legacy_task`], which applies it), that a 2025 client's schema
 /// checks valid, where the 2026 upstream sent invalid ones (tester 3 F7; the SDKs' schemas
 /// reject the whole result over one of them): a `pollInterval` that is not a whole number of
 /// ms ≥ 0 (`-1`) is dropped (it is optional); a `createdAt` or `lastUpdatedAt` that is not an
 /// RFC 3339 time (`"yesterday"`, `12`) or is missing is shown as `now_ms` (`lastUpdatedAt`: the
 /// upstream's `createdAt` when that one is valid). `ttl` is `observe`'s (the recorded one), and
-/// a status none of the five is refused, not mended ([`has_task_status`]). Applied to the
-/// bridged `CreateTaskResult` and `tasks/get` answers and the status notifications of a
-/// bridged `tasks/result`.
+/// a status none of the five is refused, not mended ([`has_task_status`]).
 pub fn normalise_legacy_task(task: &mut Value, now_ms: u64) {
     let Some(o) = task.as_object_mut() else {
         return;
@@ -388,9 +393,8 @@ mod tests {
     #[test]
     fn invalid_task_members_are_made_valid_for_2025_clients() {
         let now = 1_796_601_600_000; // 2026-12-07T00:00:00Z
-        let mut odd = legacy_task(&json!({"taskId":"a","status":"working","pollIntervalMs":-1,
-            "createdAt":"yesterday","lastUpdatedAt":12,"ttlMs":1000}))
-        .unwrap();
+        let mut odd = json!({"taskId":"a","status":"working","pollInterval":-1,
+            "createdAt":"yesterday","lastUpdatedAt":12,"ttl":1000});
         normalise_legacy_task(&mut odd, now);
         assert_eq!(
             odd,
@@ -408,6 +412,20 @@ mod tests {
         assert_eq!(half["lastUpdatedAt"], "2026-01-01T00:00:00Z");
         assert!(half.get("pollInterval").is_none());
         assert!(has_task_status(&json!({"status":"input_required"})));
+        // Every 2025 task shown from a 2026 one is made valid, a relayed notification too.
+        let note = json!({"jsonrpc":"2.0","method":"notifications/tasks","params":{"taskId":"a",
+            "status":"working","pollIntervalMs":-1,"createdAt":"yesterday","lastUpdatedAt":12}});
+        let note: Value =
+            serde_json::from_str(&legacy_notification(&note.to_string()).unwrap()).unwrap();
+        let task = &note["params"];
+        assert!(task.get("pollInterval").is_none(), "{task}");
+        for key in ["createdAt", "lastUpdatedAt"] {
+            let at = task[key].as_str().unwrap_or_default();
+            assert!(
+                crate::mcp::task::parse_rfc3339_ms(at).is_some(),
+                "{key}: {task}"
+            );
+        }
         for odd in [json!({"status":"exploded"}), json!({"status":5}), json!({})] {
             assert!(!has_task_status(&odd), "{odd}");
         }

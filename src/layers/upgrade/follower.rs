@@ -178,12 +178,9 @@ impl<S: McpService> Follower<S> {
         let started = std::time::Instant::now();
         // A refused write moves this counter: the record's end is read back only then
         // (`record_terminal`; review: a read of the whole record at every upgraded call's end).
-        let failures_at_start = self
-            .state
-            .registry
-            .metrics()
-            .store_write_failures_total
-            .get();
+        // A kept call's background follow takes its own, just before the exchange that ends
+        // it (`poll_to_end`): compared over its hours, any refusal meanwhile would count (L6).
+        let mut failures_before = self.write_failures();
         let _hold = self
             .state
             .registry
@@ -230,7 +227,12 @@ impl<S: McpService> Follower<S> {
         self.finish(end).await;
         if kept {
             match self.follow_kept(started).await {
-                Kept::Ended(end) => terminal = end,
+                Kept::Ended(end) => {
+                    terminal = end.map(|(end, before)| {
+                        failures_before = before;
+                        end
+                    });
+                }
                 Kept::NotFollowed => {}
                 Kept::Stopped => {
                     // Not ended: it lapses once this process is gone, and another replica
@@ -243,7 +245,7 @@ impl<S: McpService> Follower<S> {
             }
         }
         let registry = &self.state.registry;
-        let refused = registry.metrics().store_write_failures_total.get() != failures_at_start;
+        let refused = self.write_failures() != failures_before;
         // Only a shared store refuses a write for a while (a PostgreSQL outage); sled's refusal
         // (a full disk) is no reason to hold the call.
         if let (Some(terminal), true, true) = (terminal, refused, registry.store().shared()) {
@@ -262,16 +264,31 @@ impl<S: McpService> Follower<S> {
         }
     }
 
+    /// `taskgate_store_write_failures_total` now.
+    fn write_failures(&self) -> u64 {
+        self.state
+            .registry
+            .metrics()
+            .store_write_failures_total
+            .get()
+    }
+
     /// `on_client_disconnect = "keep"`, the client gone (tester 3 F13): follows the task in the
     /// background, with no client stream, so its record ends when the task does and stops
     /// holding one of its owner's live-task slots (a client that speaks no tasks never polls
     /// it). Takes one of [`super::MAX_KEPT_FOLLOWERS`] permits (none left: not followed,
-    /// logged); ends at a graceful stop (`UpgradeState::stop_kept`).
+    /// logged), counted in `taskgate_upgrade_kept_followers` while held; ends at a graceful
+    /// stop (`UpgradeState::stop_kept`).
     async fn follow_kept(&self, started: std::time::Instant) -> Kept {
         let Ok(_permit) = self.state.kept.try_acquire() else {
             tracing::warn!(task_id = %self.task_id, max = super::MAX_KEPT_FOLLOWERS, "the client of an upgraded call went away and too many kept calls are followed already: this one is not followed (its record stays as it is until something polls it or its ttl ends)");
             return Kept::NotFollowed;
         };
+        let _followed = self
+            .state
+            .registry
+            .metrics()
+            .kept_follower_started(&self.ctx.upstream);
         tracing::info!(task_id = %self.task_id, "the client of an upgraded call went away: the task is kept, followed in the background until it ends");
         tokio::select! {
             () = self.state.stop_kept.cancelled() => Kept::Stopped,
@@ -282,11 +299,23 @@ impl<S: McpService> Follower<S> {
     /// Polls `tasks/get` at the task's poll interval until it reports a terminal status, then
     /// asks `tasks/result` once (bounded by the upstream's `timeout_ms`), whose answer `observe`
     /// keeps in the record, as for an adopted call (`adopt`). Returns what the record must hold
-    /// ([`record_terminal`]); `None` once the record is gone, terminal or expired (seen when a
-    /// poll gets no status), or `upgrade.ttl_ms` from `started` has passed.
-    async fn poll_to_end(&self, started: std::time::Instant) -> Option<Terminal> {
-        let until = tokio::time::Instant::from_std(started)
+    /// ([`record_terminal`]) and `taskgate_store_write_failures_total` just before that last
+    /// round (its own writes refused: the count moved since); `None` once the record is gone,
+    /// terminal or expired (seen when a poll gets no status), or the task's ttl has passed: the
+    /// record's `expires_at` (read once here), within `upgrade.ttl_ms` from `started`. Past the
+    /// ttl nothing is polled nor written: the record is left to the registry (expired, swept),
+    /// as for a task nobody follows (L7).
+    async fn poll_to_end(&self, started: std::time::Instant) -> Option<(Terminal, u64)> {
+        let mut until = tokio::time::Instant::from_std(started)
             + Duration::from_millis(self.state.config.ttl_ms);
+        let registry = &self.state.registry;
+        if let Ok(Some(r)) = registry
+            .try_record_of(&self.ctx.upstream, &self.task_id)
+            .await
+        {
+            let left = Duration::from_millis(r.expires_at.saturating_sub(now_ms()));
+            until = until.min(tokio::time::Instant::now() + left);
+        }
         let mut ticker = tokio::time::interval(self.poll);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -297,6 +326,7 @@ impl<S: McpService> Follower<S> {
                 }
                 _ = ticker.tick() => {}
             }
+            let failures_before = self.write_failures();
             let polled = poll_status(
                 (*self.inner).clone(),
                 self.state.clone(),
@@ -311,13 +341,12 @@ impl<S: McpService> Follower<S> {
                         .ok()
                         .flatten();
                     let paid = answer.and_then(|v| terminal_of(&End::Answer(v)));
-                    return Some(paid.unwrap_or(Terminal::Status(status)));
+                    return Some((paid.unwrap_or(Terminal::Status(status)), failures_before));
                 }
                 Some(_) => {}
                 // An error, or no valid status: the record says whether there is anything
                 // left to follow (`observe` fails it as lost on a "not found").
                 None => {
-                    let registry = &self.state.registry;
                     match registry
                         .try_record_of(&self.ctx.upstream, &self.task_id)
                         .await
@@ -552,8 +581,9 @@ impl<S: McpService> Follower<S> {
 
 /// How following a kept call (`on_client_disconnect = "keep"`, client gone) ended.
 enum Kept {
-    /// Followed to its end: what the record must hold (`None`: nothing more to write).
-    Ended(Option<Terminal>),
+    /// Followed to its end: what the record must hold (`None`: nothing more to write), and
+    /// `taskgate_store_write_failures_total` before the exchange that ended it.
+    Ended(Option<(Terminal, u64)>),
     /// Not followed: [`super::MAX_KEPT_FOLLOWERS`] are already.
     NotFollowed,
     /// A graceful stop.
