@@ -29,33 +29,69 @@ pub fn owned(value: &HeaderValue) -> HeaderValue {
 /// it lives: made only for a request on its way out, never for a value that is kept ([`owned`]
 /// is).
 pub fn carved(bytes: &[u8]) -> Option<HeaderValue> {
-    use std::cell::RefCell;
-    thread_local! {
-        static BUFFER: RefCell<bytes::BytesMut> = RefCell::new(bytes::BytesMut::new());
-    }
     if bytes.len() > CARVED_BUFFER / 8 {
         return HeaderValue::from_bytes(bytes).ok();
     }
     if !valid_value(bytes) {
         return None;
     }
-    let carved = BUFFER.with(|buffer| {
-        let mut buffer = buffer.try_borrow_mut().ok()?;
-        if buffer.capacity() - buffer.len() < bytes.len() {
-            *buffer = bytes::BytesMut::with_capacity(CARVED_BUFFER);
-        }
-        buffer.extend_from_slice(bytes);
-        Some(buffer.split().freeze())
-    });
-    match carved {
-        // SAFETY: `from_maybe_shared_unchecked` requires bytes `HeaderValue::from_bytes` would
-        // accept; `valid_value` checked every byte by its rule above. Why not the checked
-        // constructor: its loop, a branch per byte, cost ~200 instructions per traced upstream
-        // request (55 bytes), more than the check above costs (callgrind, issue 34). (Checked again in
-        // debug builds by `http` itself.)
-        Some(carved) => Some(unsafe { HeaderValue::from_maybe_shared_unchecked(carved) }),
-        None => HeaderValue::from_bytes(bytes).ok(),
+    // SAFETY: `valid_value` checked every byte by `HeaderValue::from_bytes`'s rule. Why not the
+    // checked constructor: its loop, a branch per byte, cost ~200 instructions per traced
+    // upstream request (55 bytes), more than the check above costs (callgrind, issue 34).
+    // (Checked again in debug builds by `http` itself.)
+    Some(unsafe { carved_unchecked(bytes) })
+}
+
+/// [`carved`] of bytes the caller made valid, not checked again: the `traceparent` of each
+/// traced upstream request, lowercase hex digits and dashes by construction (checked, its 55
+/// bytes cost ~115 instructions per traced request, callgrind, issue 34). A value too long to
+/// carve is copied into an allocation of its own.
+///
+/// # Safety
+///
+/// Every byte of `bytes` must be one `HeaderValue::from_bytes` accepts: a tab, or 0x20 and
+/// above but DEL (`http` relies on it when the value is written).
+pub unsafe fn carved_unchecked(bytes: &[u8]) -> HeaderValue {
+    use std::cell::RefCell;
+    thread_local! {
+        static BUFFER: RefCell<bytes::BytesMut> = RefCell::new(bytes::BytesMut::new());
     }
+    debug_assert!(
+        valid_value(bytes),
+        "a header value of bytes it may not hold"
+    );
+    let carved = (bytes.len() <= CARVED_BUFFER / 8)
+        .then(|| {
+            BUFFER.with(|buffer| {
+                let mut buffer = buffer.try_borrow_mut().ok()?;
+                if buffer.capacity() - buffer.len() < bytes.len() {
+                    *buffer = bytes::BytesMut::with_capacity(CARVED_BUFFER);
+                }
+                buffer.extend_from_slice(bytes);
+                Some(buffer.split().freeze())
+            })
+        })
+        .flatten();
+    let value = carved.unwrap_or_else(|| bytes::Bytes::copy_from_slice(bytes));
+    // SAFETY: the caller's: every byte is one `HeaderValue::from_bytes` accepts.
+    unsafe { HeaderValue::from_maybe_shared_unchecked(value) }
+}
+
+/// A header value of `bytes` itself, not copied (a slice of a message carved from a shared
+/// buffer: the `traceparent` inside an upstream request's `params._meta`,
+/// `jsonrpc::Message::with_meta_member_at`), not checked: as [`carved_unchecked`].
+///
+/// # Safety
+///
+/// As [`carved_unchecked`]: every byte of `bytes` must be one `HeaderValue::from_bytes`
+/// accepts.
+pub unsafe fn shared_unchecked(bytes: bytes::Bytes) -> HeaderValue {
+    debug_assert!(
+        valid_value(&bytes),
+        "a header value of bytes it may not hold"
+    );
+    // SAFETY: the caller's: every byte is one `HeaderValue::from_bytes` accepts.
+    unsafe { HeaderValue::from_maybe_shared_unchecked(bytes) }
 }
 
 /// Whether every byte of `bytes` may be in a header value by `HeaderValue::from_bytes`'s rule
@@ -447,5 +483,18 @@ mod tests {
         assert!(carved(b"line\nbreak").is_none());
         let long = "x".repeat(CARVED_BUFFER);
         assert_eq!(carved(long.as_bytes()).unwrap().as_bytes(), long.as_bytes());
+        // Unchecked, valid bytes make the same values, short (carved), long (copied) and
+        // shared.
+        let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        for text in [traceparent, "", "a\tb", long.as_str()] {
+            // SAFETY: every byte of each is one a header value may hold.
+            let value = unsafe { carved_unchecked(text.as_bytes()) };
+            assert_eq!(value, HeaderValue::from_str(text).unwrap(), "{text}");
+            let bytes = bytes::Bytes::copy_from_slice(text.as_bytes());
+            // SAFETY: as above.
+            let shared = unsafe { shared_unchecked(bytes.clone()) };
+            assert_eq!(shared, value, "{text}");
+            assert_eq!(shared.as_bytes().as_ptr(), bytes.as_ptr(), "not copied");
+        }
     }
 }

@@ -43,7 +43,7 @@ pub(super) fn start(telemetry: &Telemetry, request: &mut McpRequest) -> Option<R
     let incoming = Incoming::choose(meta, from_header);
 
     // Made only for a span that is sampled (a span that is not carries only its context).
-    let details = || {
+    let details = |values: &mut RequestValues| {
         // A string id without its quotes (decoded), a number as written.
         let id = msg.id().map(|id| {
             let json = id.as_json();
@@ -63,7 +63,7 @@ pub(super) fn start(telemetry: &Telemetry, request: &mut McpRequest) -> Option<R
                 .map(|v| protocol_version(&v)),
         };
         let session = request.ctx.client_session_id.as_ref().and_then(text);
-        let values = RequestValues::new(id.as_deref(), version, session);
+        values.set(id.as_deref(), version, session);
         let attributes = match c.task_id() {
             Some(task_id) => vec![KeyValue::new(semconv::MCP_TASK_ID, task_id.into_owned())],
             None => Vec::new(),
@@ -75,7 +75,7 @@ pub(super) fn start(telemetry: &Telemetry, request: &mut McpRequest) -> Option<R
             "prompts/get" => name().map_or(Target::None, Target::Prompt),
             _ => Target::None,
         };
-        (target, values, attributes)
+        (target, attributes)
     };
     let trace = telemetry.request_span(method, incoming, details);
     request.trace = Some(trace.clone());

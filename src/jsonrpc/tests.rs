@@ -568,3 +568,47 @@ fn a_meta_member_spliced_in_keeps_the_envelope_a_parse_would_make() {
         assert!(m.with_meta_member("k", b"1").is_none(), "{text}");
     }
 }
+
+/// `with_meta_member_at` says where the value starts in the spliced bytes, in every shape
+/// (the value replaced, the member added to `_meta`, `_meta` added, `params` added, a `params`
+/// walked), and a message of at most `CARVED_MESSAGE` bytes is carved from its thread's buffer
+/// (shared with it: a slice of it, the upstream client's `traceparent` header value, is no
+/// copy) while a longer one has a `Vec` of its own; both byte for byte what
+/// `with_meta_member` makes (issue 34).
+#[test]
+fn a_spliced_meta_member_is_found_where_it_is_said_to_start() {
+    let value = br#""00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01""#;
+    let pad = |n: usize| "p".repeat(n);
+    for text in [
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"_meta":{"traceparent":"x"}}}"#
+            .to_string(),
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"_meta":{"a":1}}}"#.to_string(),
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"name":"echo"}}"#.to_string(),
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{ }}"#.to_string(),
+        r#"{"jsonrpc":"2.0","id":1,"method":"m"}"#.to_string(),
+        r#"{"method":"m","params":{"a":[{"b":1}],"a":2},"jsonrpc":"2.0","id":1}"#.to_string(),
+        format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"m","params":{{"s":"{}"}}}}"#,
+            pad(800)
+        ),
+        format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"m","params":{{"s":"{}"}}}}"#,
+            pad(5000)
+        ),
+    ] {
+        let m = Message::parse(Bytes::from(text.clone())).unwrap();
+        let (out, at) = m.with_meta_member_at("traceparent", value).expect(&text);
+        assert_eq!(&out.bytes()[at..at + value.len()], &value[..], "{text}");
+        let plain = m.with_meta_member("traceparent", value).unwrap();
+        assert_eq!(out.bytes(), plain.bytes(), "{text}");
+        let walked = splice::raw_at(out.bytes(), &["params", "_meta", "traceparent"]).unwrap();
+        assert_eq!(
+            walked.map(|v| v.get().as_bytes()),
+            Some(&value[..]),
+            "{text}"
+        );
+        // Carved, the message shares its thread's buffer; else it has a `Vec` of its own.
+        let carved = out.bytes().len() <= CARVED_MESSAGE;
+        assert_eq!(out.bytes().is_unique(), !carved, "{text}");
+    }
+}

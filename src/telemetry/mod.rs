@@ -38,7 +38,7 @@ use parking_lot::Mutex;
 use propagation::Incoming;
 use span::{ExchangeName, JsonString, Record, SpanName};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, OnceLock};
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime};
 
 /// One export's deadline (connect, answer, body) unless `OTEL_EXPORTER_OTLP_*TIMEOUT` says
@@ -365,21 +365,23 @@ impl Telemetry {
         &self,
         method: &str,
         incoming: Incoming,
-        details: impl FnOnce() -> (Target, RequestValues, Vec<KeyValue>),
+        details: impl FnOnce(&mut RequestValues) -> (Target, Vec<KeyValue>),
     ) -> RequestTrace {
         let Incoming { parent, link } = incoming;
-        self.begin(SpanKind::Server, parent.as_ref(), || {
-            let (target, request, attributes) = details();
-            let name = SpanName::Method {
+        self.begin(SpanKind::Server, parent.as_ref(), |r| {
+            // The request's values written in the record in place (issue 34: returned with
+            // the rest and moved into the record, they and the span's name were copied three
+            // times, ~135 instructions per traced request, `trace::start` 1,805 → 1,670,
+            // callgrind).
+            let (target, attributes) = details(&mut r.request);
+            r.name = SpanName::Method {
                 method: span::method(method),
                 target,
             };
-            // Not collected from the `Option`'s iterator (~80 instructions more, callgrind).
-            let links = match link {
-                Some(link) => vec![link],
-                None => Vec::new(),
-            };
-            (name, links, request, attributes, None)
+            r.attributes = attributes;
+            if let Some(link) = link {
+                r.rare = span::Rare::of(vec![link], Vec::new());
+            }
         })
     }
 
@@ -406,9 +408,13 @@ impl Telemetry {
         if let Some(server) = server.filter(|s| s.part == Part::Own) {
             let shared = &server.shared;
             let mut record = shared.record.lock();
-            if let Some(r) = record.as_mut().filter(|r| r.open && r.exchange.is_none()) {
+            let kept = shared.exchange.as_ref().map(SpanContext::span_id);
+            if let Some((r, span_id)) = record
+                .as_mut()
+                .filter(|r| r.open && r.exchange.is_none())
+                .zip(kept)
+            {
                 r.peer = Some(peer.clone());
-                let span_id = self.0.ids.new_span_id();
                 let (tool, attributes) = details();
                 // Compared as bytes with the SERVER span's tool, not decoded and checked again.
                 let tool = tool
@@ -445,16 +451,6 @@ impl Telemetry {
                         _ => span::Rare::of(links.to_vec(), Vec::new()),
                     },
                 });
-                let c = &shared.context;
-                let context = SpanContext::new(
-                    c.trace_id(),
-                    span_id,
-                    c.trace_flags(),
-                    false,
-                    c.trace_state().clone(),
-                );
-                // Set once: a record holds one exchange and is queued when it is done.
-                let _ = shared.exchange.set(context);
                 drop(record);
                 shared.exchange_handles.fetch_add(1, Ordering::Relaxed);
                 return RequestTrace {
@@ -466,20 +462,17 @@ impl Telemetry {
         if let Some(server) = server {
             server.set_peer(peer);
         }
-        self.begin(SpanKind::Client, server.map(RequestTrace::context), || {
+        self.begin(SpanKind::Client, server.map(RequestTrace::context), |r| {
             let (tool, attributes) = details();
-            let name = SpanName::Method {
+            r.name = SpanName::Method {
                 method: span::method(method),
                 target: target(tool.and_then(JsonString::of).as_ref()),
             };
-            let request = RequestValues::default();
-            (
-                name,
-                links.to_vec(),
-                request,
-                attributes,
-                Some(peer.clone()),
-            )
+            r.attributes = attributes;
+            r.peer = Some(peer.clone());
+            if !links.is_empty() {
+                r.rare = span::Rare::of(links.to_vec(), Vec::new());
+            }
         })
     }
 
@@ -488,10 +481,10 @@ impl Telemetry {
     /// to the task's creating span `creating` (in its trace, when known).
     pub fn task_fact(&self, event: &'static str, task_id: &str, creating: Option<&SpanContext>) {
         let attributes = || vec![KeyValue::new(semconv::MCP_TASK_ID, task_id.to_string())];
-        let span = self.begin(SpanKind::Internal, creating, || {
-            let links = creating.into_iter().cloned().collect();
-            let request = RequestValues::default();
-            (SpanName::Fixed(event), links, request, attributes(), None)
+        let span = self.begin(SpanKind::Internal, creating, |r| {
+            r.name = SpanName::Fixed(event);
+            r.attributes = attributes();
+            r.rare = span::Rare::of(creating.into_iter().cloned().collect(), Vec::new());
         });
         if span.is_recording() {
             span.event(event, attributes());
@@ -500,14 +493,14 @@ impl Telemetry {
     }
 
     /// A new span: its ids, its sampling decision (parent-based: a parent's sampled flag, else
-    /// the ratio on the trace id) and, when sampled, its open record, of what `details` gives
-    /// (its name, links, request values, attributes and peer; not called for a span not
+    /// the ratio on the trace id) and, when sampled, its open record, whose name, request
+    /// values, attributes, peer and links `details` writes in place (not called for a span not
     /// sampled).
     fn begin(
         &self,
         kind: SpanKind,
         parent: Option<&SpanContext>,
-        details: impl FnOnce() -> Details,
+        details: impl FnOnce(&mut Record),
     ) -> RequestTrace {
         let parent = parent.filter(|p| p.is_valid());
         let span_id = self.0.ids.new_span_id();
@@ -525,38 +518,49 @@ impl Telemetry {
         };
         let context = SpanContext::new(trace_id, span_id, flags, false, state);
         let own = sampled.then(|| (context.clone(), now_nanos()));
+        // The context of the first exchange a sampled SERVER span's record will hold, made
+        // now with the span's own: set when the exchange began (a `OnceLock`), it cost each
+        // traced request ~120 instructions more (`exchange_span` 537 → 381, this ~30;
+        // callgrind, issue 34).
+        let exchange = (sampled && kind == SpanKind::Server).then(|| {
+            SpanContext::new(
+                trace_id,
+                self.0.ids.new_span_id(),
+                flags,
+                false,
+                context.trace_state().clone(),
+            )
+        });
         let mut shared = Arc::new(Shared {
             context,
-            exchange: OnceLock::new(),
+            exchange,
             exchange_handles: AtomicUsize::new(0),
             record: Mutex::new(None),
             queue: self.0.queue.clone(),
         });
         if let Some((context, start)) = own {
-            let (name, links, request, attributes, peer) = details();
-            // Written into the new `Arc` in place: built beside it and moved in, the record
-            // (~460 bytes) was copied once more (with the `Rare` check below, ~35 instructions
-            // per SERVER span, callgrind, issue 34). The `Arc` is this function's alone.
+            // Written into the new `Arc` in place, then completed there by `details`: built
+            // beside it and moved in, the record (~460 bytes) was copied once more (~35
+            // instructions per SERVER span, callgrind, issue 34). The `Arc` is this
+            // function's alone.
             if let Some(s) = Arc::get_mut(&mut shared) {
-                *s.record.get_mut() = Some(Record {
+                let record = s.record.get_mut().insert(Record {
                     open: true,
                     exchange: None,
                     context,
                     parent: parent.map(|p| (p.span_id(), p.is_remote())),
                     kind,
-                    name,
+                    // Named by `details`.
+                    name: SpanName::Fixed(""),
                     start,
                     end: 0,
-                    request,
-                    attributes,
-                    peer,
-                    // Checked here: `Rare::of` called with no links moved its two `Vec`s in
-                    // and dropped them, for every SERVER span.
-                    rare: match links.is_empty() {
-                        true => None,
-                        false => span::Rare::of(links, Vec::new()),
-                    },
+                    request: RequestValues::default(),
+                    attributes: Vec::new(),
+                    peer: None,
+                    // Links and events, which few spans have ([`span::Rare`]).
+                    rare: None,
                 });
+                details(record);
             }
         }
         RequestTrace {
@@ -599,16 +603,6 @@ impl RootSampler {
     }
 }
 
-/// What a new span is made of ([`Telemetry::begin`]): its name, links, request values,
-/// attributes and peer.
-type Details = (
-    SpanName,
-    Vec<SpanContext>,
-    RequestValues,
-    Vec<KeyValue>,
-    Option<Peer>,
-);
-
 /// A started span shared by the code that adds to it: the edge's SERVER span (the layers set
 /// `mcp.task.id` and links on it, the upstream client the upstream's address), or an upstream
 /// exchange's CLIENT span. Travels down as the request's `trace` (a field of
@@ -630,8 +624,9 @@ enum Part {
 
 struct Shared {
     context: SpanContext,
-    /// The context of the exchange's CLIENT span the record holds, once it has one.
-    exchange: OnceLock<SpanContext>,
+    /// The context of the CLIENT span of the first exchange the record holds (a sampled
+    /// SERVER span's; [`Telemetry::exchange_span`]), made with the span: used once it has one.
+    exchange: Option<SpanContext>,
     /// The exchange's handles ([`Part::Exchange`]) alive: the last one dropped ends it.
     exchange_handles: AtomicUsize,
     /// The open span(s); `None` once all ended (queued), or when not sampled.
@@ -696,7 +691,11 @@ impl RequestTrace {
         match self.part {
             Part::Own => &self.shared.context,
             // Set before any handle of the exchange exists.
-            Part::Exchange => self.shared.exchange.get().unwrap_or(&self.shared.context),
+            Part::Exchange => self
+                .shared
+                .exchange
+                .as_ref()
+                .unwrap_or(&self.shared.context),
         }
     }
 

@@ -252,33 +252,43 @@ impl RequestValues {
         version: Option<Cow<'static, str>>,
         session: Option<&str>,
     ) -> RequestValues {
-        RequestValues {
-            text: {
-                let id_bytes = id.unwrap_or_default().as_bytes();
-                let session = session.unwrap_or_default().as_bytes();
-                let len = id_bytes.len() + session.len();
-                match len <= INLINE_TEXT {
-                    // Copied into an array made in place: with `SmallVec::extend_from_slice`'s
-                    // general insertion, twice, making the values cost ~240 instructions per
-                    // SERVER span, so ~115 (callgrind, issue 34).
-                    true => {
-                        let mut inline = [0u8; INLINE_TEXT];
-                        inline[..id_bytes.len()].copy_from_slice(id_bytes);
-                        inline[id_bytes.len()..len].copy_from_slice(session);
-                        Text::from_buf_and_len(inline, len)
-                    }
-                    false => {
-                        let mut text = Text::with_capacity(len);
-                        text.extend_from_slice(id_bytes);
-                        text.extend_from_slice(session);
-                        text
-                    }
-                }
-            },
-            id: id.map(str::len),
-            session: session.is_some(),
-            version,
-        }
+        let mut values = RequestValues::default();
+        values.set(id, version, session);
+        values
+    }
+
+    /// Sets these values to [`RequestValues::new`]'s of `id`, `version` and `session`, in
+    /// place (a span's record's: made apart and moved into the record with the rest of the
+    /// span, they were copied three times, issue 34).
+    pub fn set(
+        &mut self,
+        id: Option<&str>,
+        version: Option<Cow<'static, str>>,
+        session: Option<&str>,
+    ) {
+        let id_bytes = id.unwrap_or_default().as_bytes();
+        let session_bytes = session.unwrap_or_default().as_bytes();
+        let len = id_bytes.len() + session_bytes.len();
+        self.text = match len <= INLINE_TEXT {
+            // Copied into an array made in place: with `SmallVec::extend_from_slice`'s
+            // general insertion, twice, making the values cost ~240 instructions per SERVER
+            // span, so ~115 (callgrind, issue 34).
+            true => {
+                let mut inline = [0u8; INLINE_TEXT];
+                inline[..id_bytes.len()].copy_from_slice(id_bytes);
+                inline[id_bytes.len()..len].copy_from_slice(session_bytes);
+                Text::from_buf_and_len(inline, len)
+            }
+            false => {
+                let mut text = Text::with_capacity(len);
+                text.extend_from_slice(id_bytes);
+                text.extend_from_slice(session_bytes);
+                text
+            }
+        };
+        self.id = id.map(str::len);
+        self.session = session.is_some();
+        self.version = version;
     }
 
     /// `jsonrpc.request.id`.

@@ -486,7 +486,7 @@ fn an_answer_is_read_once_for_both_spans() {
         RequestTrace {
             shared: Arc::new(Shared {
                 context: context.clone(),
-                exchange: std::sync::OnceLock::new(),
+                exchange: None,
                 exchange_handles: std::sync::atomic::AtomicUsize::new(0),
                 record: Mutex::new(Some(Record {
                     open: true,
@@ -627,7 +627,7 @@ fn a_span_not_sampled_makes_no_record_and_carries_its_context() {
     let failures = prometheus::IntCounter::new("failures", "failures").unwrap();
     let dropped = prometheus::IntCounter::new("dropped", "dropped").unwrap();
     let telemetry = Telemetry::start(&settings, failures, dropped).unwrap();
-    let not_read = || -> (Target, RequestValues, Vec<KeyValue>) {
+    let not_read = |_: &mut RequestValues| -> (Target, Vec<KeyValue>) {
         panic!("details read for a span not sampled")
     };
     let root = telemetry.request_span("tools/call", Incoming::default(), not_read);
@@ -646,13 +646,7 @@ fn a_span_not_sampled_makes_no_record_and_carries_its_context() {
             parent: Some(sampled.clone()),
             link: None,
         },
-        || {
-            (
-                Target::Tool("t".into()),
-                RequestValues::default(),
-                Vec::new(),
-            )
-        },
+        |_| (Target::Tool("t".into()), Vec::new()),
     );
     let child = telemetry.exchange_span("tools/call", Some(&server), &[], &peer, || {
         (Some(&br#""t""#[..]), Vec::new())
@@ -699,8 +693,9 @@ fn a_requests_first_exchange_is_exported_from_its_server_spans_record() {
     let task = || vec![KeyValue::new(semconv::MCP_TASK_ID, "t-1")];
 
     // tools/call: the exchange ends first, then the SERVER span; a second exchange apart.
-    let server = telemetry.request_span("tools/call", incoming(), || {
-        (Target::Tool("echo".into()), id(), Vec::new())
+    let server = telemetry.request_span("tools/call", incoming(), |values| {
+        *values = id();
+        (Target::Tool("echo".into()), Vec::new())
     });
     server.set_peer(&peer);
     let client = telemetry.exchange_span("tools/call", Some(&server), &[], &peer, || {
@@ -721,12 +716,8 @@ fn a_requests_first_exchange_is_exported_from_its_server_spans_record() {
     second.end();
     server.end();
     // prompts/get: the SERVER span ends first, the exchange when its handle is dropped.
-    let prompt = telemetry.request_span("prompts/get", incoming(), || {
-        (
-            Target::Prompt("p".into()),
-            RequestValues::default(),
-            Vec::new(),
-        )
+    let prompt = telemetry.request_span("prompts/get", incoming(), |_| {
+        (Target::Prompt("p".into()), Vec::new())
     });
     let exchange = telemetry.exchange_span(
         "prompts/get",
@@ -870,9 +861,8 @@ fn spans_dropped_at_a_full_queue_are_counted() {
     }));
     let extra = 5;
     for _ in 0..batch::MAX_QUEUE_SPANS + extra {
-        let span = telemetry.request_span("ping", Incoming::default(), || {
-            (Target::None, RequestValues::default(), Vec::new())
-        });
+        let span =
+            telemetry.request_span("ping", Incoming::default(), |_| (Target::None, Vec::new()));
         span.end();
     }
     assert_eq!(dropped.get(), extra as u64);
@@ -1012,14 +1002,30 @@ fn the_encoded_bytes_are_pinned() {
         .build();
     let (body, spans) = otlp::Encoder::new(&resource).body(&records);
     assert_eq!(spans, 9);
-    let fnv = body.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
+    let fnv = |bytes: &[u8]| {
+        bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+    };
+    // The spans' fields of a known size are written first, then the name (issue 34: one copy
+    // each); what the receivers decode is what it was: re-encoded in field order by the
+    // generated types, the body is byte for byte the one pinned before (fields in order).
     assert_eq!(
-        (body.len(), fnv),
-        (23_348, 11_700_045_893_670_541_157),
+        (body.len(), fnv(&body)),
+        (23_348, 4_926_676_165_613_283_199),
         "the encoded bytes changed"
     );
+    {
+        use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+        use prost::Message as _;
+        let decoded = ExportTraceServiceRequest::decode(&body[..]).unwrap();
+        let in_order = decoded.encode_to_vec();
+        assert_eq!(
+            (in_order.len(), fnv(&in_order)),
+            (23_348, 11_700_045_893_670_541_157),
+            "the spans decoded changed"
+        );
+    }
 
     // The span names are encoded once per encoder and copied (issue 34): written again with
     // every name kept, after other names replaced every kept one, and with the SERVER span's
