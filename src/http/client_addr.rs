@@ -44,8 +44,8 @@ impl TrustedProxies {
         if !self.trusts(peer) {
             return peer;
         }
-        let xff = self.from_chain(headers, "x-forwarded-for", x_forwarded_for);
-        let fwd = self.from_chain(headers, "forwarded", forwarded);
+        let xff = self.read_chain(headers, "x-forwarded-for", x_forwarded_for);
+        let fwd = self.read_chain(headers, "forwarded", forwarded);
         match (xff, fwd) {
             (Chain::Absent, Chain::Absent) => peer,
             (Chain::Client(a), Chain::Absent) | (Chain::Absent, Chain::Client(a)) => a,
@@ -55,7 +55,7 @@ impl TrustedProxies {
     }
 
     /// The client named by the header `name`'s chain, `parse` reading its entries.
-    fn from_chain(
+    fn read_chain(
         &self,
         headers: &HeaderMap,
         name: &str,
