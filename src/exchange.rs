@@ -216,7 +216,8 @@ pub struct RequestContext {
     pub client_session_id: Option<HeaderValue>,
     /// Who the caller is.
     pub principal: Principal,
-    /// The client's IP address (the TCP peer), when the request came from a client; what the
+    /// The client's IP address (the TCP peer, or behind a `gateway.trusted_proxies` proxy the
+    /// client it forwarded for), when the request came from a client; what the
     /// fairness caps count against without a principal (see [`Tenant`]).
     pub client_addr: Option<std::net::IpAddr>,
     /// End-to-end headers to forward upstream (hop-by-hop, `Origin` and `Mcp-Session-Id`

@@ -757,6 +757,9 @@ fn edge_settings(config: &Config, gateway_addr: SocketAddr) -> EdgeSettings {
         body_timeout: Duration::from_millis(config.gateway.request_timeout_ms),
         sse_keepalive: Duration::from_millis(config.gateway.sse_keepalive_ms),
         limits: crate::limits::Limiter::new(&config.limits),
+        trusted_proxies: crate::http::client_addr::TrustedProxies::new(
+            config.gateway.trusted_proxy_nets().unwrap_or_default(),
+        ),
     }
 }
 

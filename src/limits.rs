@@ -14,8 +14,9 @@
 //!   of `auth_failures_per_minute` (default 60) and `auth_failures_burst` (default 20) over
 //!   invalid tokens only (a missing token costs no check). An address past it gets 429 for
 //!   every request, without a token check, until one more failure would fit: a flood of bad
-//!   JWTs costs at most that many signature checks per address. Behind a proxy every client
-//!   shares the proxy's address (taskgate does not read `X-Forwarded-For`).
+//!   JWTs costs at most that many signature checks per address. Behind a reverse proxy every
+//!   client shares the proxy's address unless the proxy is in `gateway.trusted_proxies`
+//!   (then its `X-Forwarded-For` or `Forwarded` names the client: `http::client_addr`).
 //!
 //! Over a limit the edge answers HTTP 429 with `Retry-After` (RFC 9110 §10.2.3, whole seconds,
 //! at least 1) and a JSON-RPC error body, and counts `taskgate_http_rejections_total{reason}`

@@ -283,3 +283,62 @@ async fn a_principal_past_its_session_share_never_takes_anothers() {
         "one of alice's own sessions made room for her third"
     );
 }
+
+/// An initialize with `token` sent as if through a reverse proxy at 127.0.0.1 that set
+/// `X-Forwarded-For: xff`; the HTTP status.
+async fn status_forwarded_for(tg: &Tg, xff: &str, token: &str) -> u16 {
+    tg.client()
+        .with_token(token)
+        .req(initialize_body("1"))
+        .header("x-forwarded-for", xff)
+        .send()
+        .await
+        .status()
+}
+
+/// tester4 finding 3: behind a reverse proxy every client shares the proxy's address. With
+/// the proxy in `gateway.trusted_proxies`, the failed-authentication bound keys on the client
+/// `X-Forwarded-For` names: one client's bad tokens lock out that client only (and entries it
+/// wrote itself, left of the proxy's, do not get it out). Without it, they lock out everyone
+/// behind the proxy, as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_trusted_proxy_failed_authentications_are_limited_per_forwarded_client() {
+    let up = TaskServer::default().await;
+    for trusted in [true, false] {
+        let mut cfg = TgConfig::new(&up.url())
+            .token("alice", "alice-token")
+            .token("bob", "bob-token");
+        if trusted {
+            cfg = cfg.gateway("trusted_proxies = [\"10.0.0.0/8\", \"127.0.0.1\"]");
+        }
+        let tg = Tg::start(|store| {
+            format!(
+                "{}\n[limits]\nauth_failures_per_minute = 1\nauth_failures_burst = 3\n",
+                cfg.to_toml(store)
+            )
+        })
+        .await;
+        let (mallory, alice) = ("203.0.113.66", "203.0.113.7");
+        for i in 0..4 {
+            let status = status_forwarded_for(&tg, mallory, "not-a-token").await;
+            assert_eq!(status, 401, "invalid token {i} (trusted {trusted})");
+        }
+        assert_eq!(
+            status_forwarded_for(&tg, mallory, "bob-token").await,
+            429,
+            "the failing client is refused (trusted {trusted})"
+        );
+        let spoofed = format!("198.51.100.9, {mallory}");
+        assert_eq!(
+            status_forwarded_for(&tg, &spoofed, "bob-token").await,
+            429,
+            "an entry the client wrote itself does not get it out (trusted {trusted})"
+        );
+        let expected = if trusted { 200 } else { 429 };
+        assert_eq!(
+            status_forwarded_for(&tg, alice, "alice-token").await,
+            expected,
+            "another client behind the same proxy (trusted {trusted})"
+        );
+    }
+}

@@ -266,7 +266,7 @@ impl OAuth {
             &key.decoding,
             validation,
         )
-        .map_err(|e| invalid(describe(e.kind())))?;
+        .map_err(|e| invalid(describe_refusal(e.kind(), token)))?;
         let claims = data.claims;
         let subject = claims
             .get(&self.principal_claim)
@@ -338,6 +338,41 @@ fn has_scope(claims: &serde_json::Map<String, serde_json::Value>, scope: &str) -
         })
 }
 
+/// Why `jsonwebtoken::decode` refused `token`, in words. It reports a required claim of the
+/// wrong JSON type (an `exp` string) as missing; such a claim is named as present but not of
+/// its type. Its claims are checked after its signature, so the payload read here is the one
+/// the issuer signed.
+fn describe_refusal(kind: &ErrorKind, token: &str) -> String {
+    match kind {
+        ErrorKind::InvalidClaimFormat(c) => wrong_type(c),
+        ErrorKind::MissingRequiredClaim(c) if has_claim(token, c) => wrong_type(c),
+        _ => describe(kind),
+    }
+}
+
+/// Whether `token`'s payload (its second base64url segment) holds the claim `name`, of any type.
+fn has_claim(token: &str, name: &str) -> bool {
+    use base64::Engine;
+    let Some(payload) = token.split('.').nth(1) else {
+        return false;
+    };
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<serde_json::Map<_, _>>(&bytes).ok())
+        .is_some_and(|claims| claims.contains_key(name))
+}
+
+/// The message for a claim present in the token with a JSON type it must not have.
+fn wrong_type(claim: &str) -> String {
+    let expected = match claim {
+        "exp" | "nbf" | "iat" => "a number (a NumericDate: seconds since the epoch, RFC 7519 §2)",
+        "aud" => "a string or an array of strings (RFC 7519 §4.1.3)",
+        _ => "a string",
+    };
+    format!("the token's {claim:?} claim is not {expected}")
+}
+
 fn describe(kind: &ErrorKind) -> String {
     match kind {
         ErrorKind::ExpiredSignature => "the token has expired".into(),
@@ -350,5 +385,48 @@ fn describe(kind: &ErrorKind) -> String {
         ErrorKind::MissingRequiredClaim(c) => format!("the token has no {c:?} claim"),
         ErrorKind::InvalidAlgorithm => "the token's algorithm does not match its key".into(),
         other => format!("the token is not valid ({other:?})"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use base64::Engine;
+
+    /// An unsigned token with these claims (the message does not look at the signature).
+    fn token(claims: serde_json::Value) -> String {
+        let b64 = |v: &serde_json::Value| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+        };
+        let header = serde_json::json!({"alg": "ES256", "typ": "at+jwt"});
+        format!("{}.{}.c2ln", b64(&header), b64(&claims))
+    }
+
+    #[test]
+    fn a_time_claim_of_the_wrong_type_is_named_as_such() {
+        let missing = |c: &str| ErrorKind::MissingRequiredClaim(c.into());
+        let t = token(serde_json::json!({"exp": "1796000000", "iss": "i", "aud": "a"}));
+        let message = describe_refusal(&missing("exp"), &t);
+        assert!(
+            message.contains("\"exp\" claim is not a number"),
+            "{message}"
+        );
+        assert!(!message.contains("has no"), "{message}");
+        let t = token(serde_json::json!({"nbf": "1796000000"}));
+        let message = describe_refusal(&ErrorKind::InvalidClaimFormat("nbf".into()), &t);
+        assert!(
+            message.contains("\"nbf\" claim is not a number"),
+            "{message}"
+        );
+        // A claim really absent is still said to be.
+        let t = token(serde_json::json!({"iss": "i", "aud": "a"}));
+        assert_eq!(
+            describe_refusal(&missing("exp"), &t),
+            "the token has no \"exp\" claim"
+        );
+        // `aud` of the wrong type.
+        let t = token(serde_json::json!({"exp": 1, "iss": "i", "aud": 5}));
+        let message = describe_refusal(&missing("aud"), &t);
+        assert!(message.contains("\"aud\" claim is not"), "{message}");
     }
 }

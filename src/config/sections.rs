@@ -86,6 +86,11 @@ pub struct GatewayConfig {
     /// client connection and its upstream exchanges stay on one thread (see `http::listen`).
     #[serde(default)]
     pub threads: usize,
+    /// Reverse proxies (CIDRs such as `10.0.0.0/8` or `fd00::/8`, or single addresses) whose
+    /// `X-Forwarded-For` / RFC 7239 `Forwarded` headers give the client's address (default
+    /// none: the TCP peer is the client). See `http::client_addr`.
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
 }
 
 impl GatewayConfig {
@@ -135,7 +140,27 @@ impl GatewayConfig {
                 30 * 24 * HOUR_MS,
             ),
             ("gateway.threads", self.threads as u64, 0, 1_024),
-        ])
+        ])?;
+        self.trusted_proxy_nets().map(|_| ())
+    }
+
+    /// `trusted_proxies` as networks (a single address as its /32 or /128); an entry that is
+    /// neither a CIDR nor an IP address is refused, naming the key.
+    pub fn trusted_proxy_nets(&self) -> Result<Vec<ipnet::IpNet>, ConfigError> {
+        self.trusted_proxies
+            .iter()
+            .map(|entry| {
+                let text = entry.trim();
+                text.parse::<ipnet::IpNet>()
+                    .or_else(|_| text.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                    .map(|net| net.trunc())
+                    .map_err(|_| {
+                        ConfigError::Invalid(format!(
+                            "`gateway.trusted_proxies` entry {entry:?} is not a CIDR (like \"10.0.0.0/8\") or an IP address"
+                        ))
+                    })
+            })
+            .collect()
     }
 }
 
@@ -153,6 +178,7 @@ impl Default for GatewayConfig {
             max_sessions: default_max_sessions(),
             session_idle_ms: default_session_idle_ms(),
             threads: 0,
+            trusted_proxies: Vec::new(),
         }
     }
 }

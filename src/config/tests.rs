@@ -729,3 +729,49 @@ fn principals_and_upstream_names_are_usable() {
     let text = MINIMAL.replace("name = \"a\"", "name = \"a.b\"");
     assert!(Config::from_toml_str(&text).is_ok());
 }
+
+/// `gateway.trusted_proxies`: CIDRs or single addresses, IPv4 and IPv6; anything else is refused
+/// at load, naming the key and the entry.
+#[test]
+fn trusted_proxies_are_cidrs_or_addresses() {
+    let with = |list: &str| {
+        MINIMAL.replace(
+            "[gateway]\n",
+            &format!("[gateway]\ntrusted_proxies = {list}\n"),
+        )
+    };
+    let ok = Config::from_toml_str(&with(
+        r#"["10.0.0.0/8", "fd00::/8", "192.0.2.7", "::1", "10.1.2.3/16"]"#,
+    ))
+    .unwrap();
+    let nets: Vec<String> = ok
+        .gateway
+        .trusted_proxy_nets()
+        .unwrap()
+        .iter()
+        .map(|n| n.to_string())
+        .collect();
+    assert_eq!(
+        nets,
+        [
+            "10.0.0.0/8",
+            "fd00::/8",
+            "192.0.2.7/32",
+            "::1/128",
+            "10.1.0.0/16"
+        ]
+    );
+    assert!(GatewayConfig::default()
+        .trusted_proxy_nets()
+        .unwrap()
+        .is_empty());
+    for bad in [
+        r#"["10.0.0.0/33"]"#,
+        r#"["nginx"]"#,
+        r#"["10.0.0.0/8", ""]"#,
+        r#"["fd00::/129"]"#,
+    ] {
+        let err = Config::from_toml_str(&with(bad)).unwrap_err().to_string();
+        assert!(err.contains("gateway.trusted_proxies"), "{bad}: {err}");
+    }
+}

@@ -24,7 +24,8 @@ pub struct Gate<'a> {
     pub auth: &'a Authenticator,
     /// `[limits]`.
     pub limits: &'a Arc<Limiter>,
-    /// The client's address (the TCP peer): the key of the failed-authentication bound.
+    /// The client's address (the TCP peer, or the client a trusted proxy forwarded for:
+    /// [`super::client_addr`]): the key of the failed-authentication bound.
     pub peer: std::net::IpAddr,
     /// Where refusals are counted.
     pub metrics: &'a Metrics,

@@ -2,6 +2,7 @@
 //! accept loop they share.
 
 pub mod admin;
+pub mod client_addr;
 mod gate;
 mod head_io;
 pub mod listen;

@@ -92,6 +92,8 @@ pub struct EdgeSettings {
     pub sse_keepalive: Duration,
     /// Per-principal limits (`[limits]`).
     pub limits: Arc<Limiter>,
+    /// `gateway.trusted_proxies`: whose forwarding headers give the client's address.
+    pub trusted_proxies: super::client_addr::TrustedProxies,
 }
 
 /// A route as the edge keeps it: with its request series resolved.
@@ -195,6 +197,12 @@ impl Edge {
         // the copy made of it (rust-lang/rust#62958), and hyper moves this future into its
         // connection's per request.
         let (parts, body) = req.into_parts();
+        // The client's address from here on: the TCP peer, or behind a trusted proxy the
+        // client it forwarded for (`gateway.trusted_proxies`).
+        let peer = self
+            .settings
+            .trusted_proxies
+            .client_address(peer, &parts.headers);
         async move {
             let fields = HeadFields::of(&parts.headers);
             let (principal, mut permit) = match self.gate(&parts, &fields, peer).await {
@@ -904,6 +912,18 @@ impl Handler for Edge {
         peer: std::net::SocketAddr,
     ) -> impl Future<Output = Response<Body>> + Send + 'static {
         self.serve(req, peer.ip())
+    }
+
+    /// HTTP 503 with JSON-RPC `-32603` (both eras' internal error, as
+    /// [`GatewayError::ShuttingDown`](crate::exchange::GatewayError::ShuttingDown)), no id: the
+    /// request's body may not have been read.
+    fn shutting_down(&self) -> Response<Body> {
+        rpc_error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            None,
+            crate::jsonrpc::INTERNAL_ERROR,
+            "taskgate is shutting down; retry",
+        )
     }
 }
 

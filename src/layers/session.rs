@@ -11,7 +11,8 @@
 //! [`SessionTag`](crate::layers::extensions::SessionTag)).
 //!
 //! Only sessions the upstream issued (an `Mcp-Session-Id` on an `InitializeResult`) get an entry:
-//! a client-chosen session id never creates state. A session the `bridge` holds itself (its
+//! a client-chosen session id creates no entry (only a store look-up, remembered as absent
+//! for [`REVALIDATE_AFTER`] among at most `held_store::MAX_ABSENT` ids). A session the `bridge` holds itself (its
 //! `initialize` answer carries the [`HeldAnswer`] reply fact, taken here) also keeps what the client declared
 //! ([`HeldSession`], bounded), and is written to the registry's store before its id goes on
 //! (see `held_store`: revived after a restart, removed when it ends, is reclaimed or expires). An entry is about 200 bytes plus its id (about

@@ -42,6 +42,7 @@ pub fn nginx_conf(dir: &std::path::Path, port: u16, backends: &[SocketAddr]) -> 
          \x20 server {{\n    listen 127.0.0.1:{port};\n    location / {{\n\
          \x20     proxy_pass http://taskgate;\n      proxy_http_version 1.1;\n\
          \x20     proxy_set_header Connection \"\";\n      proxy_set_header Host 127.0.0.1;\n\
+         \x20     proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n\
          \x20     proxy_buffering off;\n      proxy_read_timeout 60s;\n\
          \x20     proxy_next_upstream error timeout;\n      proxy_next_upstream_tries 3;\n    }}\n  }}\n}}\n"
     )
