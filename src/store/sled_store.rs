@@ -348,6 +348,12 @@ impl SledStore {
             .store(on, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// Tests: fails the store for `why`, as an I/O error does (`failure`).
+    #[cfg(test)]
+    pub(crate) fn fail_for_test(&self, why: &str) {
+        self.failed.set(why);
+    }
+
     /// Tests: group commits fail as on an I/O error while `on`.
     #[cfg(test)]
     pub(crate) fn fail_commits(&self, on: bool) {
