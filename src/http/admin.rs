@@ -1,6 +1,8 @@
-//! The admin listener: `/healthz` (the process answers), `/readyz` (every upstream accepts a
+//! The admin listener: `/healthz` (the process answers; 503 once the task store failed for good,
+//! `TaskStore::failed`, which only a restart clears), `/readyz` (every upstream accepts a
 //! connection as a request's would be made, the TLS handshake of an `https://` one included, or
-//! for a stdio upstream has a live child, and the task store answers: `"store": "ok"` or `"unreachable: <why>"`;
+//! for a stdio upstream has a live child, and the task store answers: `"store": "ok"`,
+//! `"unreachable: <why>"` or `"failed: <why>; restart taskgate"`;
 //! `/readyz?store=optional` reports the store without counting it, a tier's probe; `upstreams=any`: ready while one upstream is up, for a tier in front of several servers), `/metrics` (Prometheus text format 0.0.4), `/admin/tasks?owner=&status=&upstream=&limit=`
 //! (task records as JSON, newest first) and `/admin/tasks/<upstream>/<taskId>` (one record with
 //! its audit events).

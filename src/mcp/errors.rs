@@ -448,17 +448,6 @@ pub enum McpError {
 }
 
 impl McpError {
-    /// The `-32603` for a request `method` (when named) that needed the store, which failed
-    /// with `e`: [`McpError::StoreFailed`] when the store failed for good, else
-    /// [`McpError::StoreUnavailable`] (try again). The store's own text is never sent.
-    pub fn of_store(method: Option<&str>, e: &crate::store::StoreError) -> McpError {
-        let method = method.map(str::to_string);
-        match e {
-            crate::store::StoreError::Failed(_) => McpError::StoreFailed { method },
-            _ => McpError::StoreUnavailable { method },
-        }
-    }
-
     /// The JSON-RPC code.
     pub fn code(&self) -> i64 {
         use McpError::*;

@@ -520,6 +520,28 @@ impl SledStore {
     }
 }
 
+/// `rx`, or `Err` once `deadline` has passed on the wall clock (`std::time::Instant`), not
+/// only on tokio's: a test runtime with paused time advances tokio's clock whenever it is idle,
+/// and would take a commit a real thread is still making for one past its deadline. Waits in
+/// slices of at most 100 ms of tokio's clock.
+async fn wait_real_time<T>(
+    deadline: std::time::Duration,
+    rx: oneshot::Receiver<T>,
+) -> Result<Result<T, oneshot::error::RecvError>, ()> {
+    let started = std::time::Instant::now();
+    tokio::pin!(rx);
+    loop {
+        let left = deadline.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            return Err(());
+        }
+        let slice = left.min(std::time::Duration::from_millis(100));
+        if let Ok(answer) = tokio::time::timeout(slice, &mut rx).await {
+            return Ok(answer);
+        }
+    }
+}
+
 /// The committer thread's state (see the module doc: group commit).
 struct Committer {
     db: sled::Db,
@@ -956,7 +978,7 @@ impl TaskStore for SledStore {
                 Some(false) => return Err(StoreError::Db("the store committer stopped".into())),
                 Some(true) => {}
             }
-            match tokio::time::timeout(deadline, rx).await {
+            match wait_real_time(deadline, rx).await {
                 Ok(Ok(r)) => r.map_err(|why| match self.failed.reason() {
                     Some(failed) => StoreError::Failed(failed.to_string()),
                     None => StoreError::Db(why),

@@ -304,7 +304,7 @@ async fn prepare_creation(registry: &Arc<Registry>, req: &mut McpRequest) -> Res
         Ok(r) => r,
         Err(e) => {
             // The store's error is logged and counted by the registry, not sent to the client.
-            let error = McpError::of_store(Some("tools/call"), &e);
+            let error = store_refusal(Some("tools/call"), &e);
             return Err(refuse(&id, error).answered_locally(LocalReason::StoreUnavailable));
         }
     };
@@ -550,7 +550,7 @@ async fn authorise(registry: &Arc<Registry>, req: &mut McpRequest) -> Result<(),
     let looked = match looked {
         Ok(looked) => looked,
         Err(e) => {
-            return Err(refuse(&id, McpError::of_store(None, &e))
+            return Err(refuse(&id, store_refusal(None, &e))
                 .answered_locally(LocalReason::StoreUnavailable))
         }
     };
@@ -695,7 +695,7 @@ async fn list(registry: &Arc<Registry>, authenticated: bool, req: &McpRequest) -
             McpReply::local_json(jsonrpc::result_response(&id, &result.to_string()))
         }
         // The store's error is logged (`Registry::list_page`), not sent to the client.
-        Err(e) => refuse(&id, McpError::of_store(Some("tasks/list"), &e)),
+        Err(e) => refuse(&id, store_refusal(Some("tasks/list"), &e)),
     }
 }
 
@@ -802,6 +802,17 @@ fn names_a_task(req: &McpRequest) -> bool {
 
 fn header_string(v: Option<&HeaderValue>) -> Option<String> {
     v.and_then(|v| v.to_str().ok()).map(str::to_string)
+}
+
+/// The `-32603` for a request `method` (when named) that needed the store, which failed
+/// with `e`: [`McpError::StoreFailed`] when the store failed for good (restart taskgate), else
+/// [`McpError::StoreUnavailable`] (try again). The store's own text is never sent.
+fn store_refusal(method: Option<&str>, e: &crate::store::StoreError) -> McpError {
+    let method = method.map(str::to_string);
+    match e {
+        crate::store::StoreError::Failed(_) => McpError::StoreFailed { method },
+        _ => McpError::StoreUnavailable { method },
+    }
 }
 
 #[cfg(test)]
