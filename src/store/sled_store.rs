@@ -28,6 +28,10 @@
 //! share its commit. Why: every commit costs the same whatever it carries (sled's buffer write
 //! through its I/O thread pool, `sync_file_range`, `fdatasync`, about 29 futex calls), and in
 //! the task lifecycle one commit in three was such a lone "soon" (issue 15, `benches/RESULTS.md`).
+//!
+//! Failure: the first I/O error sled reports, or a group commit not finished within
+//! [`COMMIT_DEADLINE`], fails the store for good (`failure` says why sled leaves no other
+//! choice): every later call answers [`StoreError::Failed`] at once, without touching sled.
 
 mod blobs;
 mod failure;
