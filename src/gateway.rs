@@ -131,9 +131,10 @@ impl DrainCut {
 /// full tier's durability tests kill taskgate mid-load over and over). What is lost is what
 /// no one waited for: a change still waiting for its group commit (at most
 /// `store::sled_store::SOON`, 10 ms, for one no request waits on: a non-terminal status, a
-/// stored result, a sweep), as with `kill -9`. The one step it never cuts is the store's
-/// close itself: once the stop has begun it (flush, committer joined), the exit waits for its
-/// end, a few ms.
+/// stored result, a sweep), as with `kill -9`. The one step it cuts last is the store's
+/// close: once the stop has begun it (flush, committer joined), the exit waits for its end, a
+/// few ms, but at most [`FORCED_EXIT_CLOSE_WAIT`]: a store whose close does not end (sled's
+/// flush after an I/O error, tester4 #1) never keeps the process up after a third signal.
 #[derive(Clone)]
 pub struct ForcedExit(Arc<tokio::sync::Mutex<()>>);
 
@@ -141,8 +142,26 @@ impl ForcedExit {
     /// Exits the process with `code` now, or, while the store is being closed, as soon as it
     /// is (no close starts after this is called).
     pub async fn exit(&self, code: i32) -> ! {
-        let _closed = self.no_close().await;
+        if !self.wait_for_close(FORCED_EXIT_CLOSE_WAIT).await {
+            tracing::error!(
+                wait_ms = FORCED_EXIT_CLOSE_WAIT.as_millis() as u64,
+                "the task store's close did not end; exiting without it"
+            );
+        }
         std::process::exit(code)
+    }
+
+    /// Waits until no store close is under way (then none starts), at most `bound`: true when
+    /// none is, false when one was still running at `bound`.
+    async fn wait_for_close(&self, bound: Duration) -> bool {
+        match tokio::time::timeout(bound, self.no_close()).await {
+            Ok(guard) => {
+                // Held until the process ends: no close starts after a forced exit.
+                std::mem::forget(guard);
+                true
+            }
+            Err(_) => false,
+        }
     }
 
     /// Once no store close is under way: held, none starts.
@@ -151,17 +170,43 @@ impl ForcedExit {
     }
 }
 
+/// How long a forced exit (the third signal) waits for a store close under way.
+pub const FORCED_EXIT_CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+/// How long the stop waits for the store's close (a flush and the committer's last commit,
+/// a few ms) before it ends without it: twice a group commit's deadline.
+pub const STORE_CLOSE_WAIT: Duration = Duration::from_secs(20);
+
 /// Runs the store's `close` off the runtime (it flushes and joins the committer thread), holding
-/// `closing` ([`ForcedExit`]) until it has returned. The guard is the blocking task's, not this
-/// future's: after a third signal `main` polls the stop no more, and a guard kept here would
-/// never be released (the forced exit waiting for it forever).
-async fn close_store(closing: &Arc<tokio::sync::Mutex<()>>, close: impl FnOnce() + Send + 'static) {
+/// `closing` ([`ForcedExit`]) until it has returned, and waits for it at most `bound` (then
+/// logs it and returns: the close's thread ends with the process). The guard is the close
+/// thread's, not this future's: after a third signal `main` polls the stop no more, and a guard
+/// kept here would never be released (the forced exit waiting for it). A thread of its own, not
+/// the runtime's blocking pool: the runtime's drop would wait for a close that never ends.
+async fn close_store(
+    closing: &Arc<tokio::sync::Mutex<()>>,
+    bound: Duration,
+    close: impl FnOnce() + Send + 'static,
+) {
     let closing = closing.clone().lock_owned().await;
-    let _ = tokio::task::spawn_blocking(move || {
-        close();
-        drop(closing);
-    })
-    .await;
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let spawned = std::thread::Builder::new()
+        .name("taskgate-store-close".into())
+        .spawn(move || {
+            close();
+            drop(closing);
+            let _ = done_tx.send(());
+        });
+    if spawned.is_err() {
+        tracing::error!("could not start the task store's close; stopping without it");
+        return;
+    }
+    if tokio::time::timeout(bound, done_rx).await.is_err() {
+        tracing::error!(
+            wait_ms = bound.as_millis() as u64,
+            "the task store's close did not end; stopping without it"
+        );
+    }
 }
 
 impl Running {
@@ -211,7 +256,7 @@ impl Running {
         // Flushes and joins the committer thread: not on a runtime worker. A forced exit
         // waits for it (`ForcedExit`).
         if let Some(store) = self.sled {
-            close_store(&self.closing, move || store.close()).await;
+            close_store(&self.closing, STORE_CLOSE_WAIT, move || store.close()).await;
         }
     }
 }
@@ -1178,7 +1223,7 @@ mod tests {
         let forced = ForcedExit(closing.clone());
         let (started_tx, started_rx) = tokio::sync::oneshot::channel();
         let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-        let stop = close_store(&closing, move || {
+        let stop = close_store(&closing, Duration::from_secs(60), move || {
             let _ = started_tx.send(());
             let _ = release_rx.recv();
         });
@@ -1198,5 +1243,33 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(10), exit)
             .await
             .expect("the forced exit still waits, 10 s after the close returned");
+    }
+
+    /// tester4 #1: a store close that never ends (sled's flush after an I/O error) kept the
+    /// process up after the third signal ("exiting now" logged, only `kill -9` ended it) and
+    /// the graceful stop forever. Now the stop waits for the close at most its bound, and the
+    /// forced exit at most its own.
+    #[tokio::test]
+    async fn a_close_that_never_ends_holds_neither_the_stop_nor_a_forced_exit() {
+        let closing = Arc::new(tokio::sync::Mutex::new(()));
+        let forced = ForcedExit(closing.clone());
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let stop = close_store(&closing, Duration::from_millis(200), move || {
+            let _ = started_tx.send(());
+            let _ = release_rx.recv();
+        });
+        tokio::time::timeout(Duration::from_secs(10), stop)
+            .await
+            .expect("the stop waits for a stuck close no longer than its bound");
+        started_rx.await.unwrap();
+        let waited = tokio::time::timeout(
+            Duration::from_secs(10),
+            forced.wait_for_close(Duration::from_millis(200)),
+        )
+        .await
+        .expect("a forced exit waits for a stuck close no longer than its bound");
+        assert!(!waited, "the close is still under way");
+        drop(release_tx);
     }
 }

@@ -1,6 +1,8 @@
-//! The admin listener: `/healthz` (the process answers), `/readyz` (every upstream accepts a
+//! The admin listener: `/healthz` (the process answers; 503 once the task store failed for good,
+//! `TaskStore::failed`, which only a restart clears), `/readyz` (every upstream accepts a
 //! connection as a request's would be made, the TLS handshake of an `https://` one included, or
-//! for a stdio upstream has a live child, and the task store answers: `"store": "ok"` or `"unreachable: <why>"`;
+//! for a stdio upstream has a live child, and the task store answers: `"store": "ok"`,
+//! `"unreachable: <why>"` or `"failed: <why>; restart taskgate"`;
 //! `/readyz?store=optional` reports the store without counting it, a tier's probe; `upstreams=any`: ready while one upstream is up, for a tier in front of several servers), `/metrics` (Prometheus text format 0.0.4), `/admin/tasks?owner=&status=&upstream=&limit=`
 //! (task records as JSON, newest first) and `/admin/tasks/<upstream>/<taskId>` (one record with
 //! its audit events).
@@ -146,7 +148,7 @@ impl Admin {
             return resp;
         }
         match req.uri().path() {
-            "/healthz" => json_response(StatusCode::OK, Bytes::from_static(br#"{"status":"ok"}"#)),
+            "/healthz" => self.healthz(),
             "/readyz" => match Readiness::of_query(req.uri().query().unwrap_or("")) {
                 Ok(need) => self.readyz(need).await,
                 Err(message) => json_response(
@@ -160,7 +162,7 @@ impl Admin {
                     "text/plain; version=0.0.4; charset=utf-8",
                 )
                 .body(
-                    Full::new(Bytes::from(self.metrics.encode()))
+                    Full::new(Bytes::from(self.metrics_text()))
                         .map_err(|e| match e {})
                         .boxed_unsync(),
                 )
@@ -287,6 +289,30 @@ impl Admin {
         }
     }
 
+    /// `/metrics`' text, `taskgate_store_failed` read from the store first.
+    fn metrics_text(&self) -> Vec<u8> {
+        self.metrics
+            .store_failed
+            .set(i64::from(self.store.failed().is_some()));
+        self.metrics.encode()
+    }
+
+    /// `/healthz`: 200 `{"status":"ok"}` while the process can serve; 503
+    /// `{"status":"failed","store":"failed: <why>; restart taskgate"}` once the task store has
+    /// failed for good (`TaskStore::failed`: sled after an I/O error), so a liveness probe
+    /// restarts the process (nothing short of a restart brings the store back).
+    fn healthz(&self) -> Response<Body> {
+        match self.store.failed() {
+            None => json_response(StatusCode::OK, Bytes::from_static(br#"{"status":"ok"}"#)),
+            Some(why) => json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                serde_json::json!({ "status": "failed", "store": store_failed(&why) })
+                    .to_string()
+                    .into(),
+            ),
+        }
+    }
+
     async fn readyz(&self, need: Readiness) -> Response<Body> {
         if self.is_draining() {
             // Whatever the upstreams and the store say: no new traffic while stopping.
@@ -307,6 +333,9 @@ impl Admin {
             (u.name.clone(), status)
         });
         let store = async {
+            if let Some(why) = self.store.failed() {
+                return store_failed(&why);
+            }
             match tokio::time::timeout(Duration::from_secs(2), self.store.ping()).await {
                 Ok(Ok(())) => "ok".to_string(),
                 Ok(Err(e)) => format!("unreachable: {e}"),
@@ -352,6 +381,11 @@ impl Handler for Admin {
     ) -> impl Future<Output = Response<Body>> + Send + 'static {
         self.serve(req)
     }
+}
+
+/// How `/healthz` and `/readyz` name a task store that failed for good.
+fn store_failed(why: &str) -> String {
+    format!("failed: {why}; restart taskgate")
 }
 
 /// What `/readyz` waits for: the task store ([`StoreNeed`]) and the upstreams
@@ -624,5 +658,45 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(ids(f.collect(&*store).unwrap()), ["t9", "t7"]);
+    }
+
+    /// tester4 finding 1: a task store failed for good (sled after an I/O error) makes
+    /// `/healthz` and `/readyz` answer 503 naming the failure and "restart taskgate" (they said
+    /// 200 and `"store":"ok"` while every store write hung), and `taskgate_store_failed` 1.
+    #[tokio::test]
+    async fn a_failed_store_fails_healthz_and_readyz_and_sets_the_gauge() {
+        let (store, _dir) = store().await;
+        let metrics = Arc::new(Metrics::new(&[]));
+        let admin = Admin::new(metrics.clone(), Vec::new(), store.clone());
+        let body = |r: Response<Body>| async move {
+            let status = r.status();
+            let bytes = http_body_util::BodyExt::collect(r.into_body())
+                .await
+                .unwrap()
+                .to_bytes();
+            (
+                status,
+                serde_json::from_slice::<serde_json::Value>(&bytes).unwrap(),
+            )
+        };
+        let required = Readiness::of_query("").unwrap();
+        assert_eq!(body(admin.healthz()).await.0, StatusCode::OK);
+        assert_eq!(body(admin.readyz(required).await).await.0, StatusCode::OK);
+
+        store.fail_for_test("IO error: No space left on device (os error 28)");
+        let (status, health) = body(admin.healthz()).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        let named = health["store"].as_str().unwrap();
+        assert!(
+            named.contains("No space left on device") && named.contains("restart taskgate"),
+            "{health}"
+        );
+        let (status, ready) = body(admin.readyz(required).await).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(ready["store"], health["store"], "{ready}");
+        assert_eq!(ready["ready"], false);
+        let text = String::from_utf8(admin.metrics_text()).unwrap();
+        assert!(text.contains("\ntaskgate_store_failed 1\n"), "{text}");
+        assert_eq!(metrics.store_failed.get(), 1);
     }
 }

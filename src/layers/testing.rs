@@ -134,7 +134,20 @@ fn inc(c: &AtomicUsize) {
     c.fetch_add(1, Ordering::SeqCst);
 }
 
+impl CountingStore {
+    /// Fails the sled store for good, as an I/O error does (`sled_store::failure`).
+    pub fn fail_for_good(&self, why: &str) {
+        self.inner.fail_for_test(why);
+    }
+}
+
 impl TaskStore for CountingStore {
+    fn failed(&self) -> Option<String> {
+        self.inner.failed()
+    }
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.inner.ping()
+    }
     fn quick_point_calls(&self) -> bool {
         !self.with_slots.load(Ordering::SeqCst) && self.inner.quick_point_calls()
     }

@@ -234,6 +234,13 @@ pub enum McpError {
         /// The method, when the message names it.
         method: Option<String>,
     },
+    /// `-32603` "{method}: the task store failed and does not recover until taskgate is
+    /// restarted (see taskgate's log); restart taskgate": the store failed for good in this
+    /// process (`StoreError::Failed`: sled after an I/O error); its error text stays in the log.
+    StoreFailed {
+        /// The method, when the message names it.
+        method: Option<String>,
+    },
     /// `-32603`: the registry gave no `tasks/list` page (a store that failed is
     /// [`McpError::StoreUnavailable`]).
     ListFailed,
@@ -476,6 +483,7 @@ impl McpError {
             | SessionIdTooLong { .. }
             | Overloaded { .. }
             | StoreUnavailable { .. }
+            | StoreFailed { .. }
             | ListFailed
             | Upstream { .. }
             | CancelAnsweredHttp { .. }
@@ -664,6 +672,11 @@ impl fmt::Display for McpError {
             StoreUnavailable { method } => {
                 write!(f, "{}task store unavailable; try again", Prefix(method))
             }
+            StoreFailed { method } => write!(
+                f,
+                "{}the task store failed and does not recover until taskgate is restarted (see taskgate's log); restart taskgate",
+                Prefix(method)
+            ),
             ListFailed => f.write_str("tasks/list: the task registry gave no page"),
             Upstream { detail } => f.write_str(detail),
             CancelAnsweredHttp { upstream, status } => write!(
@@ -962,6 +975,7 @@ mod tests {
             McpError::SessionIdTooLong { len: 9, bound: 8 },
             McpError::Overloaded { message: s("full") },
             McpError::StoreUnavailable { method: None },
+            McpError::StoreFailed { method: None },
             McpError::ListFailed,
             McpError::Upstream { detail: s("x") },
             McpError::CancelAnsweredHttp {
@@ -1081,6 +1095,7 @@ mod tests {
             ("SessionIdTooLong", -32603, 502, 502),
             ("Overloaded", -32603, 503, 503),
             ("StoreUnavailable", -32603, 200, 200),
+            ("StoreFailed", -32603, 200, 200),
             ("ListFailed", -32603, 200, 200),
             ("Upstream", -32603, 200, 200),
             ("CancelAnsweredHttp", -32603, 200, 200),

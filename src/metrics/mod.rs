@@ -90,6 +90,11 @@ const STORE_WRITE_FAILURES_TOTAL: Spec = spec(
     "Task store calls that failed (writes, and the reads a request depends on).",
     &[],
 );
+const STORE_FAILED: Spec = spec(
+    "taskgate_store_failed",
+    "1 while the task store has failed for good in this process (sled after an I/O error or a commit past its deadline; restart taskgate), else 0.",
+    &[],
+);
 const TRACE_EXPORT_FAILURES_TOTAL: Spec = spec(
     "taskgate_trace_export_failures_total",
     "Spans whose OTLP export failed ([telemetry]).",
@@ -297,6 +302,9 @@ pub struct Metrics {
     pub task_creation_refused_total: IntCounterVec,
     /// `taskgate_store_write_failures_total`: failed registry writes (each also logged).
     pub store_write_failures_total: IntCounter,
+    /// `taskgate_store_failed`: 1 while the task store has failed for good in this process
+    /// ([`crate::store::TaskStore::failed`]), set at each scrape; else 0.
+    pub store_failed: IntGauge,
     /// `taskgate_trace_export_failures_total`: spans `[telemetry]` did not deliver because
     /// their batch's OTLP export failed (the collector unreachable, a non-2xx answer, a timeout;
     /// `src/telemetry/`).
@@ -389,6 +397,7 @@ impl Metrics {
             tasks_created_total: b.counter_vec(&TASKS_CREATED_TOTAL),
             task_creation_refused_total: b.counter_vec(&TASK_CREATION_REFUSED_TOTAL),
             store_write_failures_total: b.counter(&STORE_WRITE_FAILURES_TOTAL),
+            store_failed: b.gauge(&STORE_FAILED),
             trace_export_failures_total: b.counter(&TRACE_EXPORT_FAILURES_TOTAL),
             trace_spans_dropped_total: b.counter(&TRACE_SPANS_DROPPED_TOTAL),
             store_write_duration_seconds: b.histogram(&STORE_WRITE_DURATION_SECONDS, STORE_BUCKETS),

@@ -17,6 +17,7 @@ const CONTRACT: &[(&str, &str)] = &[
     ("taskgate_request_duration_seconds", "histogram"),
     ("taskgate_requests_total", "counter"),
     ("taskgate_sse_streams_open", "gauge"),
+    ("taskgate_store_failed", "gauge"),
     ("taskgate_store_write_duration_seconds", "histogram"),
     ("taskgate_store_write_failures_total", "counter"),
     ("taskgate_task_activity_after_cancel_total", "counter"),

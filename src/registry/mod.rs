@@ -292,6 +292,12 @@ impl Registry {
         upstream: &Arc<str>,
         owner: &Owner,
     ) -> Result<Option<Reservation>, StoreError> {
+        // A store failed for good (sled after an I/O error) refuses the creation before
+        // anything goes upstream: the task could not be recorded (tester4 #1).
+        if let Some(why) = self.store.failed() {
+            self.metrics.store_write_failed();
+            return Err(StoreError::Failed(why));
+        }
         if self.store.slots().is_none() {
             return Ok(self.owners.reserve(upstream, owner));
         }

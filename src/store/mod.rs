@@ -51,6 +51,11 @@ pub enum StoreError {
     /// logged at DEBUG ([`log_failure`]), not counted as a store failure.
     #[error("the task store is closed (taskgate is shutting down)")]
     Closed,
+    /// The store failed for good in this process (sled after an I/O error, or a group commit
+    /// that did not finish within its deadline: `sled_store::failure`); the reason is the first
+    /// failure's. Every later call fails at once with it, until taskgate is restarted.
+    #[error("the task store failed and does not recover until taskgate is restarted: {0}; restart taskgate")]
+    Failed(String),
 }
 
 impl StoreError {
@@ -213,6 +218,14 @@ pub trait TaskStore: HeldSessionStore + Send + Sync + 'static {
     /// session table's stored sessions always go to the store threads.
     fn quick_point_calls(&self) -> bool {
         false
+    }
+
+    /// Why the store failed for good in this process, once it has (sled after an I/O error:
+    /// `sled_store::failure`): `/healthz` and `/readyz` then answer 503 naming it, and
+    /// `taskgate_store_failed` is 1. `None` (the default): the store may still answer (a
+    /// PostgreSQL outage ends when the database is back).
+    fn failed(&self) -> Option<String> {
+        None
     }
 
     /// Checks that the store answers (`/readyz`); an embedded store always does.

@@ -28,14 +28,21 @@
 //! share its commit. Why: every commit costs the same whatever it carries (sled's buffer write
 //! through its I/O thread pool, `sync_file_range`, `fdatasync`, about 29 futex calls), and in
 //! the task lifecycle one commit in three was such a lone "soon" (issue 15, `benches/RESULTS.md`).
+//!
+//! Failure: the first I/O error sled reports, or a group commit not finished within
+//! [`COMMIT_DEADLINE`], fails the store for good (`failure` says why sled leaves no other
+//! choice): every later call answers [`StoreError::Failed`] at once, without touching sled.
 
 mod blobs;
+mod failure;
 pub(crate) mod held;
 mod keys;
 mod swap;
 
 use super::{AuditEvent, ListCursor, Owner, StoreError, TaskRecord, TaskStore, UpdatedStored};
 use crate::mcp::task::now_ms;
+use failure::Failure;
+pub use failure::COMMIT_DEADLINE;
 use futures_util::future::BoxFuture;
 use keys::{expiry_key, owner_key, task_key};
 pub(super) use keys::{owner_prefix, push_str, read_str, read_u64};
@@ -91,6 +98,18 @@ pub struct SledStore {
     committer: Mutex<Option<JoinHandle<()>>>,
     /// The call leases, in memory: this process holds every call (see `store::lease`).
     leases: super::lease::LocalLeases,
+    /// Set at the first I/O error or a commit past its deadline; never cleared (`failure`).
+    failed: Failure,
+    /// How long a [`TaskStore::sync`] waits for its group commit, in ms ([`COMMIT_DEADLINE`];
+    /// tests shorten it).
+    commit_deadline: std::sync::atomic::AtomicU64,
+    /// Tests: set, the committer waits (before its flush) while it stays set: a disk that
+    /// does not answer.
+    #[cfg(test)]
+    stall_commits: Arc<std::sync::atomic::AtomicBool>,
+    /// Tests: set, the next group commits fail as an I/O error would.
+    #[cfg(test)]
+    fail_commits: Arc<std::sync::atomic::AtomicBool>,
     /// Blob files the committer has synced (`blobs`): read by the tests only.
     #[cfg_attr(not(test), allow(dead_code))]
     blobs_synced: Arc<std::sync::atomic::AtomicU64>,
@@ -257,9 +276,23 @@ impl SledStore {
         let db_file = path.join("db");
         let blobs_synced = Arc::<std::sync::atomic::AtomicU64>::default();
         let blobs = blobs::BlobSync::new(path.join("blobs"), blobs_synced.clone());
+        let failed = Failure::default();
+        let committer = Committer {
+            db: committer_db,
+            db_file,
+            blobs,
+            metrics,
+            failed: failed.clone(),
+            #[cfg(test)]
+            stall: Arc::default(),
+            #[cfg(test)]
+            fail: Arc::default(),
+        };
+        #[cfg(test)]
+        let (stall_commits, fail_commits) = (committer.stall.clone(), committer.fail.clone());
         let committer = std::thread::Builder::new()
             .name("taskgate-store-commit".into())
-            .spawn(move || commit_loop(committer_db, db_file, blobs, rx, metrics))
+            .spawn(move || committer.run(rx))
             .map_err(|e| open_err(e.to_string()))?;
         Ok(Arc::new(SledStore {
             db,
@@ -272,6 +305,12 @@ impl SledStore {
             syncer: Mutex::new(Some(tx)),
             committer: Mutex::new(Some(committer)),
             leases: Default::default(),
+            failed,
+            commit_deadline: (COMMIT_DEADLINE.as_millis() as u64).into(),
+            #[cfg(test)]
+            stall_commits,
+            #[cfg(test)]
+            fail_commits,
             blobs_synced,
         }))
     }
@@ -279,13 +318,51 @@ impl SledStore {
     /// Flushes everything, stops the committer thread and waits for it. Later writes still
     /// apply but are only made durable by sled's own background flush or on drop, and a later
     /// [`TaskStore::sync`] fails at once (nothing waited for is made durable after this).
+    ///
+    /// A failed store (`failure`) is neither flushed nor waited for: its committer may wait
+    /// forever in sled's flush, so it is left to end with the process, and sled's log keeps
+    /// what was committed before the failure.
     pub fn close(&self) {
         let sender = self.syncer.lock().take();
         drop(sender);
+        if self.failed.reason().is_some() {
+            return;
+        }
         if let Some(handle) = self.committer.lock().take() {
             let _ = handle.join();
         }
-        let _ = self.db.flush();
+        if self.failed.reason().is_none() {
+            let _ = self.db.flush();
+        }
+    }
+
+    /// Tests: how long a [`TaskStore::sync`] waits for its group commit.
+    #[cfg(test)]
+    pub(crate) fn set_commit_deadline(&self, deadline: std::time::Duration) {
+        self.commit_deadline.store(
+            deadline.as_millis() as u64,
+            std::sync::atomic::Ordering::SeqCst,
+        );
+    }
+
+    /// Tests: group commits wait (a disk that does not answer) while `on`.
+    #[cfg(test)]
+    pub(crate) fn stall_commits(&self, on: bool) {
+        self.stall_commits
+            .store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Tests: fails the store for `why`, as an I/O error does (`failure`).
+    #[cfg(test)]
+    pub(crate) fn fail_for_test(&self, why: &str) {
+        self.failed.set(why);
+    }
+
+    /// Tests: group commits fail as on an I/O error while `on`.
+    #[cfg(test)]
+    pub(crate) fn fail_commits(&self, on: bool) {
+        self.fail_commits
+            .store(on, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Every stored record's bytes in key order, until `visit` returns false: a walk of the
@@ -424,6 +501,20 @@ impl SledStore {
         swap_indexed(&self.tasks, key, Some(raw), new, &added, &dropped, now_ms())
     }
 
+    /// Removes what [`SledStore::insert_new`] wrote for `record` (its bytes `form`), each if
+    /// still as written, after its commit failed: best effort (sled may refuse every write by
+    /// then; failures are ignored).
+    fn forget_unrecorded(&self, record: &TaskRecord, form: &StoredForm) {
+        let key = task_key(&record.upstream, &record.task_id);
+        let removed = self
+            .tasks
+            .compare_and_swap(&key, Some(&form[..]), None::<&[u8]>);
+        if matches!(removed, Ok(Ok(()))) {
+            let _ = self.by_owner.remove(owner_key(record));
+            let _ = self.by_expiry.remove(expiry_key(record));
+        }
+    }
+
     /// Hands a commit request to the committer thread: `None` once `close` took its channel
     /// (the graceful stop), `Some(false)` when the thread is gone (it died: a fault, not a
     /// stop), `Some(true)` when sent.
@@ -433,60 +524,119 @@ impl SledStore {
     }
 }
 
-fn commit_loop(
+/// `rx`, or `Err` once `deadline` has passed on the wall clock (`std::time::Instant`), not
+/// only on tokio's: a test runtime with paused time advances tokio's clock whenever it is idle,
+/// and would take a commit a real thread is still making for one past its deadline. Waits in
+/// slices of at most 100 ms of tokio's clock.
+async fn wait_real_time<T>(
+    deadline: std::time::Duration,
+    rx: oneshot::Receiver<T>,
+) -> Result<Result<T, oneshot::error::RecvError>, ()> {
+    let started = std::time::Instant::now();
+    tokio::pin!(rx);
+    loop {
+        let left = deadline.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            return Err(());
+        }
+        let slice = left.min(std::time::Duration::from_millis(100));
+        if let Ok(answer) = tokio::time::timeout(slice, &mut rx).await {
+            return Ok(answer);
+        }
+    }
+}
+
+/// The committer thread's state (see the module doc: group commit).
+struct Committer {
     db: sled::Db,
     db_file: PathBuf,
-    mut blobs: blobs::BlobSync,
-    rx: mpsc::Receiver<Option<SyncReply>>,
+    blobs: blobs::BlobSync,
     metrics: Option<Arc<dyn CommitObserver>>,
-) {
-    let file = std::fs::File::open(&db_file).ok();
-    while let Ok(first) = rx.recv() {
-        let mut waiting: Vec<SyncReply> = first.into_iter().collect();
-        if waiting.is_empty() {
-            // A lone "soon": let a waited sync arriving within SOON share the commit.
-            let until = std::time::Instant::now() + SOON;
-            loop {
-                match rx.recv_timeout(until.saturating_duration_since(std::time::Instant::now())) {
-                    Ok(Some(reply)) => {
-                        waiting.push(reply);
-                        break;
+    /// The store's failure: a failed commit sets it; once set, no commit is tried again
+    /// (sled's flush may never return then, `failure`) and every request is answered with it.
+    failed: Failure,
+    #[cfg(test)]
+    stall: Arc<std::sync::atomic::AtomicBool>,
+    #[cfg(test)]
+    fail: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Committer {
+    fn run(mut self, rx: mpsc::Receiver<Option<SyncReply>>) {
+        let file = std::fs::File::open(&self.db_file).ok();
+        while let Ok(first) = rx.recv() {
+            let mut waiting: Vec<SyncReply> = first.into_iter().collect();
+            if waiting.is_empty() {
+                // A lone "soon": let a waited sync arriving within SOON share the commit.
+                let until = std::time::Instant::now() + SOON;
+                loop {
+                    match rx
+                        .recv_timeout(until.saturating_duration_since(std::time::Instant::now()))
+                    {
+                        Ok(Some(reply)) => {
+                            waiting.push(reply);
+                            break;
+                        }
+                        Ok(None) => continue,
+                        Err(_) => break,
                     }
-                    Ok(None) => continue,
-                    Err(_) => break,
                 }
             }
+            while let Ok(more) = rx.try_recv() {
+                waiting.extend(more);
+            }
+            let result = match self.failed.reason() {
+                Some(why) => Err(why.to_string()),
+                None => self.commit(file.as_ref()),
+            };
+            for reply in waiting {
+                let _ = reply.send(result.clone());
+            }
         }
-        while let Ok(more) = rx.try_recv() {
-            waiting.extend(more);
+        if self.failed.reason().is_none() {
+            let _ = self.db.flush();
+        }
+    }
+
+    /// One group commit: sled's flush, the new blob files' `fsync`, the database file's
+    /// `fdatasync`. A failure fails the store (`failure`).
+    fn commit(&mut self, file: Option<&std::fs::File>) -> Result<(), String> {
+        #[cfg(test)]
+        while self.stall.load(std::sync::atomic::Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        #[cfg(test)]
+        if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+            let why = "IO error: No space left on device (os error 28) (test)".to_string();
+            self.failed.set(why.clone());
+            return Err(why);
         }
         let started = std::time::Instant::now();
-        let result = db
+        let result = self
+            .db
             .flush()
             .map(|_| ())
             .map_err(|e| e.to_string())
             // The blob files the log points to before the log itself (`blobs`).
             .and_then(|()| {
-                blobs
+                self.blobs
                     .sync_new()
                     .map(drop)
                     .map_err(|e| format!("blob files: {e}"))
             })
-            .and_then(|()| match &file {
+            .and_then(|()| match file {
                 Some(f) => f.sync_data().map_err(|e| e.to_string()),
                 None => Ok(()),
             });
-        if let Some(m) = &metrics {
+        if let Some(m) = &self.metrics {
             m.commit(started.elapsed().as_secs_f64(), result.is_ok());
         }
         if let Err(e) = &result {
             tracing::error!(error = %e, "task store commit failed");
+            self.failed.set(format!("a group commit failed: {e}"));
         }
-        for reply in waiting {
-            let _ = reply.send(result.clone());
-        }
+        result
     }
-    let _ = db.flush();
 }
 
 impl TaskStore for SledStore {
@@ -499,23 +649,31 @@ impl TaskStore for SledStore {
         &self,
         record: Arc<TaskRecord>,
     ) -> BoxFuture<'_, Result<Option<StoredForm>, StoreError>> {
-        let written = self.insert_new(&record);
+        let written = self.failed.guard(|| self.insert_new(&record));
         Box::pin(async move {
             let form = written?;
-            self.sync().await?;
+            if let Err(e) = self.sync().await {
+                // Not durable, so not recorded: the record and its index entries leave sled's
+                // memory (best effort, only if still as written), so no later read, nor a flush
+                // sled makes itself, finds a task whose creation was refused (tester4 #2).
+                self.forget_unrecorded(&record, &form);
+                return Err(e);
+            }
             Ok(Some(form))
         })
     }
 
     fn get(&self, upstream: &str, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
-        match self
-            .tasks
-            .get(task_key(upstream, task_id))
-            .map_err(db_err)?
-        {
-            Some(v) => decode(&v).map(Some),
-            None => Ok(None),
-        }
+        self.failed.guard(|| {
+            match self
+                .tasks
+                .get(task_key(upstream, task_id))
+                .map_err(db_err)?
+            {
+                Some(v) => decode(&v).map(Some),
+                None => Ok(None),
+            }
+        })
     }
 
     /// A compare-and-swap against the bytes read, retried on the record as it is then when
@@ -530,25 +688,27 @@ impl TaskStore for SledStore {
         task_id: &str,
         change: &mut dyn FnMut(&mut TaskRecord) -> bool,
     ) -> Result<Option<(TaskRecord, TaskRecord)>, StoreError> {
-        let key = task_key(upstream, task_id);
-        let Some(mut raw) = self.tasks.get(&key).map_err(db_err)? else {
-            return Ok(None);
-        };
-        loop {
-            let current = decode(&raw)?;
-            let mut after = current.clone();
-            if !change(&mut after) || after == current {
-                return Ok(Some((current.clone(), current)));
+        self.failed.guard(|| {
+            let key = task_key(upstream, task_id);
+            let Some(mut raw) = self.tasks.get(&key).map_err(db_err)? else {
+                return Ok(None);
+            };
+            loop {
+                let current = decode(&raw)?;
+                let mut after = current.clone();
+                if !change(&mut after) || after == current {
+                    return Ok(Some((current.clone(), current)));
+                }
+                // The records go to the caller moved, not cloned (issue 15: `TaskRecord::clone` and
+                // `serialize` per update).
+                let bytes = encode(&after);
+                match self.swap_task(&key, &raw, &current, &after, &bytes)? {
+                    Ok(()) => return Ok(Some((current, after))),
+                    Err(Some(stored)) => raw = stored,
+                    Err(None) => return Ok(None),
+                }
             }
-            // The records go to the caller moved, not cloned (issue 15: `TaskRecord::clone` and
-            // `serialize` per update).
-            let bytes = encode(&after);
-            match self.swap_task(&key, &raw, &current, &after, &bytes)? {
-                Ok(()) => return Ok(Some((current, after))),
-                Err(Some(stored)) => raw = stored,
-                Err(None) => return Ok(None),
-            }
-        }
+        })
     }
 
     /// One compare-and-swap against `known`'s bytes, without reading or decoding the stored
@@ -585,36 +745,38 @@ impl TaskStore for SledStore {
         known_form: Option<&[u8]>,
         change: &mut dyn FnMut(&mut TaskRecord) -> bool,
     ) -> Result<UpdatedStored, StoreError> {
-        let by_update = |change: &mut dyn FnMut(&mut TaskRecord) -> bool| {
-            let updated = self.update(upstream, task_id, change)?;
-            Ok(updated.map(|(before, after)| (Some(before), after, None)))
-        };
-        let mut probe = known.clone();
-        // Nothing to write, or an expiry to move (its index entry with it: `update`): `known`
-        // may be older than the store, so the stored record decides.
-        if !change(&mut probe) || probe == *known || probe.expires_at != known.expires_at {
-            return by_update(change);
-        }
-        let key = task_key(upstream, task_id);
-        let encoded;
-        let old = match known_form {
-            Some(form) => form,
-            None => {
-                encoded = encode(known);
-                &encoded[..]
+        self.failed.guard(|| {
+            let by_update = |change: &mut dyn FnMut(&mut TaskRecord) -> bool| {
+                let updated = self.update(upstream, task_id, change)?;
+                Ok(updated.map(|(before, after)| (Some(before), after, None)))
+            };
+            let mut probe = known.clone();
+            // Nothing to write, or an expiry to move (its index entry with it: `update`): `known`
+            // may be older than the store, so the stored record decides.
+            if !change(&mut probe) || probe == *known || probe.expires_at != known.expires_at {
+                return by_update(change);
             }
-        };
-        let form = encode_form_after(&probe, known, old);
-        let swapped = self
-            .tasks
-            .compare_and_swap(&key, Some(old), Some(form.0.clone()))
-            .map_err(db_err)?;
-        match swapped {
-            // `before` is `known` itself: the caller holds it (issue 36: a copy made only to
-            // be returned, ~1,500 instructions and its drop, per update).
-            Ok(()) => Ok(Some((None, probe, Some(form)))),
-            Err(_) => by_update(change),
-        }
+            let key = task_key(upstream, task_id);
+            let encoded;
+            let old = match known_form {
+                Some(form) => form,
+                None => {
+                    encoded = encode(known);
+                    &encoded[..]
+                }
+            };
+            let form = encode_form_after(&probe, known, old);
+            let swapped = self
+                .tasks
+                .compare_and_swap(&key, Some(old), Some(form.0.clone()))
+                .map_err(db_err)?;
+            match swapped {
+                // `before` is `known` itself: the caller holds it (issue 36: a copy made only to
+                // be returned, ~1,500 instructions and its drop, per update).
+                Ok(()) => Ok(Some((None, probe, Some(form)))),
+                Err(_) => by_update(change),
+            }
+        })
     }
 
     /// The record swapped to nothing against the bytes read (retried if another change won
@@ -624,28 +786,30 @@ impl TaskStore for SledStore {
     /// only its entries, leftovers that `list_owner` and `expired` skip and clean. A record that
     /// cannot be read stays ([`StoreError::Corrupt`], nothing removed).
     fn remove(&self, upstream: &str, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
-        let key = task_key(upstream, task_id);
-        let removed = loop {
-            let Some(raw) = self.tasks.get(&key).map_err(db_err)? else {
-                break None;
+        self.failed.guard(|| {
+            let key = task_key(upstream, task_id);
+            let removed = loop {
+                let Some(raw) = self.tasks.get(&key).map_err(db_err)? else {
+                    break None;
+                };
+                let old = decode(&raw)?;
+                let (listed, expiring) = (owner_key(&old), expiry_key(&old));
+                let dropped = [(&self.by_owner, &*listed), (&self.by_expiry, &*expiring)];
+                match swap_indexed(&self.tasks, &key, Some(&raw), None, &[], &dropped, 0)? {
+                    Ok(()) => break Some(old),
+                    Err(Some(_)) => continue,
+                    Err(None) => break None,
+                }
             };
-            let old = decode(&raw)?;
-            let (listed, expiring) = (owner_key(&old), expiry_key(&old));
-            let dropped = [(&self.by_owner, &*listed), (&self.by_expiry, &*expiring)];
-            match swap_indexed(&self.tasks, &key, Some(&raw), None, &[], &dropped, 0)? {
-                Ok(()) => break Some(old),
-                Err(Some(_)) => continue,
-                Err(None) => break None,
+            if removed.is_some() {
+                // The task's audit events go with it (the tree would otherwise only grow).
+                for item in self.audit.scan_prefix(&key) {
+                    let (k, _) = item.map_err(db_err)?;
+                    self.audit.remove(k).map_err(db_err)?;
+                }
             }
-        };
-        if removed.is_some() {
-            // The task's audit events go with it (the tree would otherwise only grow).
-            for item in self.audit.scan_prefix(&key) {
-                let (k, _) = item.map_err(db_err)?;
-                self.audit.remove(k).map_err(db_err)?;
-            }
-        }
-        Ok(removed)
+            Ok(removed)
+        })
     }
 
     fn list_owner(
@@ -655,43 +819,45 @@ impl TaskStore for SledStore {
         cursor: Option<&ListCursor>,
         limit: usize,
     ) -> Result<(Vec<TaskRecord>, Option<ListCursor>), StoreError> {
-        let prefix = owner_prefix(upstream, owner);
-        let iter = match cursor {
-            Some(c) => self.by_owner.range(prefix.clone()..c.0.clone()),
-            None => self.by_owner.scan_prefix(&prefix),
-        };
-        let mut page = Vec::with_capacity(limit.min(256));
-        let mut last_key = None;
-        for item in iter.rev() {
-            let (k, v) = item.map_err(db_err)?;
-            if !k.starts_with(&prefix) {
-                break;
-            }
-            if page.len() == limit {
-                return Ok((page, last_key.map(ListCursor)));
-            }
-            let mut rest = &k[prefix.len()..];
-            let (Some(recorded_at), Some(task_id)) = (read_u64(&mut rest), read_str(&mut rest))
-            else {
-                continue;
+        self.failed.guard(|| {
+            let prefix = owner_prefix(upstream, owner);
+            let iter = match cursor {
+                Some(c) => self.by_owner.range(prefix.clone()..c.0.clone()),
+                None => self.by_owner.scan_prefix(&prefix),
             };
-            match self.get(upstream, task_id)? {
-                // The entry is this record's own: the same owner, recorded at the same time.
-                Some(r) if r.recorded_at == recorded_at && r.owner == *owner => {
-                    page.push(r);
-                    last_key = Some(k.to_vec());
+            let mut page = Vec::with_capacity(limit.min(256));
+            let mut last_key = None;
+            for item in iter.rev() {
+                let (k, v) = item.map_err(db_err)?;
+                if !k.starts_with(&prefix) {
+                    break;
                 }
-                // What a crash or a lost race left (`swap`): its record was never written or is
-                // gone, or the id was recorded again later for someone else. Skipped; removed
-                // once surely not a creation in progress, and only if still as read (a creation
-                // of the id may be writing it again).
-                _ if is_leftover(recorded_at, &v, now_ms()) => {
-                    remove_entry(&self.by_owner, &k, &v)?;
+                if page.len() == limit {
+                    return Ok((page, last_key.map(ListCursor)));
                 }
-                _ => {}
+                let mut rest = &k[prefix.len()..];
+                let (Some(recorded_at), Some(task_id)) = (read_u64(&mut rest), read_str(&mut rest))
+                else {
+                    continue;
+                };
+                match self.get(upstream, task_id)? {
+                    // The entry is this record's own: the same owner, recorded at the same time.
+                    Some(r) if r.recorded_at == recorded_at && r.owner == *owner => {
+                        page.push(r);
+                        last_key = Some(k.to_vec());
+                    }
+                    // What a crash or a lost race left (`swap`): its record was never written or is
+                    // gone, or the id was recorded again later for someone else. Skipped; removed
+                    // once surely not a creation in progress, and only if still as read (a creation
+                    // of the id may be writing it again).
+                    _ if is_leftover(recorded_at, &v, now_ms()) => {
+                        remove_entry(&self.by_owner, &k, &v)?;
+                    }
+                    _ => {}
+                }
             }
-        }
-        Ok((page, None))
+            Ok((page, None))
+        })
     }
 
     fn cursor_is_valid(&self, upstream: &str, owner: &Owner, cursor: &ListCursor) -> bool {
@@ -703,86 +869,108 @@ impl TaskStore for SledStore {
     }
 
     fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<(String, String)>, StoreError> {
-        /// The one field an expiry check reads (the rest of the record is skipped, not built).
-        #[derive(serde::Deserialize)]
-        struct Expiry {
-            #[serde(default)]
-            expires_at: u64,
-        }
-        let mut out = Vec::new();
-        for item in self.by_expiry.range(..(now_ms + 1).to_be_bytes().to_vec()) {
-            let (k, v) = item.map_err(db_err)?;
-            let mut rest = &k[..];
-            let (Some(expires_at), Some(up), Some(id)) = (
-                read_u64(&mut rest),
-                read_str(&mut rest),
-                read_str(&mut rest),
-            ) else {
-                continue;
-            };
-            let recorded = match self.tasks.get(task_key(up, id)).map_err(db_err)? {
-                // A record that cannot be read is returned as before: its removal reports it,
-                // and one bad record does not stop every other task from expiring.
-                Some(record) => Some(
-                    serde_json::from_slice::<Expiry>(&record).map_or(expires_at, |r| r.expires_at),
-                ),
-                None => None,
-            };
-            if recorded == Some(expires_at) {
-                out.push((up.to_string(), id.to_string()));
-            } else if is_leftover(expires_at, &v, now_ms) {
-                // What a crash or a lost race left (see `swap`): no record, or a record whose
-                // expiry is another (moved since, or a later creation of the same id), which has
-                // an entry of its own. Never returned: the sweep would remove that record before
-                // its time. Removed only if still as read (a change may be writing it again).
-                remove_entry(&self.by_expiry, &k, &v)?;
+        self.failed.guard(|| {
+            /// The one field an expiry check reads (the rest of the record is skipped, not built).
+            #[derive(serde::Deserialize)]
+            struct Expiry {
+                #[serde(default)]
+                expires_at: u64,
             }
-            if out.len() >= limit {
-                break;
+            let mut out = Vec::new();
+            for item in self.by_expiry.range(..(now_ms + 1).to_be_bytes().to_vec()) {
+                let (k, v) = item.map_err(db_err)?;
+                let mut rest = &k[..];
+                let (Some(expires_at), Some(up), Some(id)) = (
+                    read_u64(&mut rest),
+                    read_str(&mut rest),
+                    read_str(&mut rest),
+                ) else {
+                    continue;
+                };
+                let recorded = match self.tasks.get(task_key(up, id)).map_err(db_err)? {
+                    // A record that cannot be read is returned as before: its removal reports it,
+                    // and one bad record does not stop every other task from expiring.
+                    Some(record) => Some(
+                        serde_json::from_slice::<Expiry>(&record)
+                            .map_or(expires_at, |r| r.expires_at),
+                    ),
+                    None => None,
+                };
+                if recorded == Some(expires_at) {
+                    out.push((up.to_string(), id.to_string()));
+                } else if is_leftover(expires_at, &v, now_ms) {
+                    // What a crash or a lost race left (see `swap`): no record, or a record whose
+                    // expiry is another (moved since, or a later creation of the same id), which has
+                    // an entry of its own. Never returned: the sweep would remove that record before
+                    // its time. Removed only if still as read (a change may be writing it again).
+                    remove_entry(&self.by_expiry, &k, &v)?;
+                }
+                if out.len() >= limit {
+                    break;
+                }
             }
-        }
-        Ok(out)
+            Ok(out)
+        })
     }
 
     fn scan(&self, visit: &mut dyn FnMut(TaskRecord) -> bool) -> Result<(), StoreError> {
-        self.scan_tasks(&mut |v| Ok(visit(decode(v)?)))
+        self.failed
+            .guard(|| self.scan_tasks(&mut |v| Ok(visit(decode(v)?))))
     }
 
     fn scan_heads(
         &self,
         visit: &mut dyn FnMut(super::RecordHead<'_>) -> bool,
     ) -> Result<(), StoreError> {
-        self.scan_tasks(&mut |v| {
-            let head = serde_json::from_slice(v).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            Ok(visit(head))
+        self.failed.guard(|| {
+            self.scan_tasks(&mut |v| {
+                let head =
+                    serde_json::from_slice(v).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                Ok(visit(head))
+            })
         })
     }
 
     fn append_audit(&self, event: &AuditEvent) -> Result<(), StoreError> {
-        let mut key = task_key(&event.upstream, &event.task_id);
-        let seq = self.db.generate_id().map_err(db_err)?;
-        key.extend_from_slice(&seq.to_be_bytes());
-        let value = serde_json::to_vec(event).expect("an audit event always serialises");
-        self.audit.insert(key, value).map_err(db_err)?;
-        Ok(())
+        self.failed.guard(|| {
+            let mut key = task_key(&event.upstream, &event.task_id);
+            let seq = self.db.generate_id().map_err(db_err)?;
+            key.extend_from_slice(&seq.to_be_bytes());
+            let value = serde_json::to_vec(event).expect("an audit event always serialises");
+            self.audit.insert(key, value).map_err(db_err)?;
+            Ok(())
+        })
     }
 
     fn audit_for(&self, upstream: &str, task_id: &str) -> Result<Vec<AuditEvent>, StoreError> {
-        let prefix = task_key(upstream, task_id);
-        let mut out = Vec::new();
-        for item in self.audit.scan_prefix(&prefix) {
-            let (k, v) = item.map_err(db_err)?;
-            if k.len() != prefix.len() + 8 {
-                continue;
+        self.failed.guard(|| {
+            let prefix = task_key(upstream, task_id);
+            let mut out = Vec::new();
+            for item in self.audit.scan_prefix(&prefix) {
+                let (k, v) = item.map_err(db_err)?;
+                if k.len() != prefix.len() + 8 {
+                    continue;
+                }
+                out.push(
+                    serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                );
             }
-            out.push(serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt(e.to_string()))?);
-        }
-        Ok(out)
+            Ok(out)
+        })
     }
 
+    /// Bounded: a group commit not answered within [`COMMIT_DEADLINE`] fails the store
+    /// (`failure`: sled's flush may never return after an I/O error).
     fn sync(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        if let Err(e) = self.failed.check() {
+            return Box::pin(async move { Err(e) });
+        }
         let (tx, rx) = oneshot::channel();
         let sent = self.request_sync(Some(tx));
+        let deadline = std::time::Duration::from_millis(
+            self.commit_deadline
+                .load(std::sync::atomic::Ordering::SeqCst),
+        );
         Box::pin(async move {
             // After `close` (the gateway's shutdown, once its listeners have drained) nothing
             // more is made durable: a flush here would run on the caller's thread (a runtime
@@ -794,15 +982,38 @@ impl TaskStore for SledStore {
                 Some(false) => return Err(StoreError::Db("the store committer stopped".into())),
                 Some(true) => {}
             }
-            match rx.await {
-                Ok(r) => r.map_err(StoreError::Db),
-                Err(_) => Err(StoreError::Db("the store committer stopped".into())),
+            match wait_real_time(deadline, rx).await {
+                Ok(Ok(r)) => r.map_err(|why| match self.failed.reason() {
+                    Some(failed) => StoreError::Failed(failed.to_string()),
+                    None => StoreError::Db(why),
+                }),
+                Ok(Err(_)) => Err(StoreError::Db("the store committer stopped".into())),
+                Err(_) => {
+                    let why = format!(
+                        "the task store did not answer within {} ms (a group commit did not finish)",
+                        deadline.as_millis()
+                    );
+                    self.failed.set(why.clone());
+                    Err(StoreError::Failed(why))
+                }
             }
         })
     }
 
     fn sync_soon(&self) {
-        let _ = self.request_sync(None);
+        if self.failed.reason().is_none() {
+            let _ = self.request_sync(None);
+        }
+    }
+
+    fn failed(&self) -> Option<String> {
+        self.failed.reason().map(str::to_string)
+    }
+
+    /// An embedded store answers, unless it has failed (`failure`).
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        let failed = self.failed.check();
+        Box::pin(async move { failed })
     }
 
     /// sled's point calls are in-memory tree operations on this process's page cache; the

@@ -302,11 +302,9 @@ async fn prepare_creation(registry: &Arc<Registry>, req: &mut McpRequest) -> Res
     let upstream = req.ctx.upstream.clone();
     let reserved = match registry.reserve_creation(&upstream, &owner).await {
         Ok(r) => r,
-        Err(_) => {
+        Err(e) => {
             // The store's error is logged and counted by the registry, not sent to the client.
-            let error = McpError::StoreUnavailable {
-                method: Some("tools/call".into()),
-            };
+            let error = store_refusal(Some("tools/call"), &e);
             return Err(refuse(&id, error).answered_locally(LocalReason::StoreUnavailable));
         }
     };
@@ -549,9 +547,12 @@ async fn authorise(registry: &Arc<Registry>, req: &mut McpRequest) -> Result<(),
     let looked = registry
         .lookup_checked(&req.ctx.upstream, &task_id, &owner)
         .await;
-    let Ok(looked) = looked else {
-        return Err(refuse(&id, McpError::StoreUnavailable { method: None })
-            .answered_locally(LocalReason::StoreUnavailable));
+    let looked = match looked {
+        Ok(looked) => looked,
+        Err(e) => {
+            return Err(refuse(&id, store_refusal(None, &e))
+                .answered_locally(LocalReason::StoreUnavailable))
+        }
     };
     let Some(record) = looked else {
         if let Some(method) = method {
@@ -694,12 +695,7 @@ async fn list(registry: &Arc<Registry>, authenticated: bool, req: &McpRequest) -
             McpReply::local_json(jsonrpc::result_response(&id, &result.to_string()))
         }
         // The store's error is logged (`Registry::list_page`), not sent to the client.
-        Err(_) => refuse(
-            &id,
-            McpError::StoreUnavailable {
-                method: Some("tasks/list".into()),
-            },
-        ),
+        Err(e) => refuse(&id, store_refusal(Some("tasks/list"), &e)),
     }
 }
 
@@ -806,6 +802,17 @@ fn names_a_task(req: &McpRequest) -> bool {
 
 fn header_string(v: Option<&HeaderValue>) -> Option<String> {
     v.and_then(|v| v.to_str().ok()).map(str::to_string)
+}
+
+/// The `-32603` for a request `method` (when named) that needed the store, which failed
+/// with `e`: [`McpError::StoreFailed`] when the store failed for good (restart taskgate), else
+/// [`McpError::StoreUnavailable`] (try again). The store's own text is never sent.
+fn store_refusal(method: Option<&str>, e: &crate::store::StoreError) -> McpError {
+    let method = method.map(str::to_string);
+    match e {
+        crate::store::StoreError::Failed(_) => McpError::StoreFailed { method },
+        _ => McpError::StoreUnavailable { method },
+    }
 }
 
 #[cfg(test)]
@@ -947,6 +954,61 @@ mod tests {
         );
         assert_eq!(calls.load(Ordering::SeqCst), 0, "nothing went upstream");
         assert_eq!(registry.metrics().store_write_failures_total.get(), 1);
+    }
+
+    /// tester4 #1: once the task store failed for good (sled after an I/O error), a task
+    /// creation is refused at once, before anything goes upstream, and a `tasks/get` and a
+    /// `tasks/list` fail at once, each `-32603` saying the store failed and "restart
+    /// taskgate" (no "try again": it does not recover), without the store's own text.
+    #[tokio::test]
+    async fn a_failed_store_refuses_task_operations_at_once_naming_the_restart() {
+        use crate::exchange::{GatewayError, McpReply, McpRequest};
+        use crate::layers::testing::{json_of, registry, request};
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tower::{Layer, ServiceExt};
+        let (registry, store) = registry();
+        store.fail_for_good("IO error: No space left on device (os error 28)");
+        let calls = std::sync::Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let stack = super::TasksLayer::new(registry.clone(), false).layer(tower::service_fn(
+            move |_req: McpRequest| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async {
+                    Ok::<_, GatewayError>(McpReply::local_json(bytes::Bytes::from_static(b"{}")))
+                }
+            },
+        ));
+        for (body, method) in [
+            (
+                r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"t","arguments":{},"task":{}}}"#,
+                "tools/call: ",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":5,"method":"tasks/get","params":{"taskId":"t1"}}"#,
+                "",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":6,"method":"tasks/list","params":{}}"#,
+                "tasks/list: ",
+            ),
+        ] {
+            let reply = tokio::time::timeout(
+                std::time::Duration::from_secs(5),
+                stack.clone().oneshot(request(body)),
+            )
+            .await
+            .expect("answered at once")
+            .unwrap();
+            let reply = json_of(&reply);
+            assert_eq!(reply["error"]["code"], -32603, "{reply}");
+            assert_eq!(
+                reply["error"]["message"],
+                format!("{method}the task store failed and does not recover until taskgate is restarted (see taskgate's log); restart taskgate"),
+                "{reply}"
+            );
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 0, "nothing went upstream");
+        assert!(registry.metrics().store_write_failures_total.get() >= 1);
     }
 
     #[test]

@@ -127,7 +127,7 @@ impl HeldSessionStore for SledStore {
     /// Writes `session` and its expiry entry (replacing an older version of it); durable with
     /// the next group commit.
     fn put_held_session(&self, session: HeldSessionRecord) -> Result<(), StoreError> {
-        self.put_held(&session)
+        self.failed.guard(|| self.put_held(&session))
     }
 
     /// The stored held session.
@@ -136,10 +136,12 @@ impl HeldSessionStore for SledStore {
         upstream: &str,
         session: &str,
     ) -> Result<Option<HeldSessionRecord>, StoreError> {
-        match self.held.get(task_key(upstream, session)).map_err(db_err)? {
-            Some(bytes) => HeldSessionRecord::decode(&bytes).map(Some),
-            None => Ok(None),
-        }
+        self.failed.guard(
+            || match self.held.get(task_key(upstream, session)).map_err(db_err)? {
+                Some(bytes) => HeldSessionRecord::decode(&bytes).map(Some),
+                None => Ok(None),
+            },
+        )
     }
 
     fn touch_held_session(
@@ -148,69 +150,75 @@ impl HeldSessionStore for SledStore {
         session: &str,
         expires_at: u64,
     ) -> Result<bool, StoreError> {
-        // Forward only (the trait's doc): an expiry that came back to a value it had would
-        // break `swap`'s rule for removing index entries.
-        self.change_held(upstream, session, |mut s| {
-            s.expires_at = s.expires_at.max(expires_at);
-            Some(s)
+        self.failed.guard(|| {
+            // Forward only (the trait's doc): an expiry that came back to a value it had would
+            // break `swap`'s rule for removing index entries.
+            self.change_held(upstream, session, |mut s| {
+                s.expires_at = s.expires_at.max(expires_at);
+                Some(s)
+            })
         })
     }
 
     fn remove_held_session(&self, upstream: &str, session: &str) -> Result<bool, StoreError> {
-        let removed = self.change_held(upstream, session, |_| None)?;
-        self.sync_soon();
-        Ok(removed)
+        self.failed.guard(|| {
+            let removed = self.change_held(upstream, session, |_| None)?;
+            self.sync_soon();
+            Ok(removed)
+        })
     }
 
     fn remove_expired_held_sessions(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
-        let mut keys = Vec::new();
-        for item in self
-            .held_by_expiry
-            .range(..expiry_key(now_ms.saturating_add(1), "", ""))
-        {
-            let (k, v) = item.map_err(db_err)?;
-            if let Some((at, up, id)) = read_expiry_key(&k) {
-                keys.push((up.to_string(), id.to_string(), at, k.clone(), v));
+        self.failed.guard(|| {
+            let mut keys = Vec::new();
+            for item in self
+                .held_by_expiry
+                .range(..expiry_key(now_ms.saturating_add(1), "", ""))
+            {
+                let (k, v) = item.map_err(db_err)?;
+                if let Some((at, up, id)) = read_expiry_key(&k) {
+                    keys.push((up.to_string(), id.to_string(), at, k.clone(), v));
+                }
+                if keys.len() >= limit {
+                    break;
+                }
             }
-            if keys.len() >= limit {
-                break;
-            }
-        }
-        let mut removed = 0;
-        for (up, id, at, k, v) in keys {
-            // Only a session still expired (a touch may have moved it since the scan).
-            let expired = std::cell::Cell::new(false);
-            let changed = self.change_held(&up, &id, |s| {
-                expired.set(s.expires_at <= now_ms);
-                (s.expires_at > now_ms).then_some(s)
-            });
-            match changed {
-                // Counted when this call removed it (the change's last run said expired, and its
-                // swap won).
-                Ok(stored) => removed += usize::from(stored && expired.get()),
-                // A value that cannot be read back (never written so) would stop every later
-                // sweep here: it goes, if still those bytes (a put may have replaced it since
-                // with a session that reads).
-                Err(StoreError::Corrupt(_)) => {
-                    let key = task_key(&up, &id);
-                    if let Some(bytes) = self.held.get(&key).map_err(db_err)? {
-                        if HeldSessionRecord::decode(&bytes).is_err()
-                            && remove_entry(&self.held, &key, &bytes)?
-                        {
-                            removed += 1;
+            let mut removed = 0;
+            for (up, id, at, k, v) in keys {
+                // Only a session still expired (a touch may have moved it since the scan).
+                let expired = std::cell::Cell::new(false);
+                let changed = self.change_held(&up, &id, |s| {
+                    expired.set(s.expires_at <= now_ms);
+                    (s.expires_at > now_ms).then_some(s)
+                });
+                match changed {
+                    // Counted when this call removed it (the change's last run said expired, and its
+                    // swap won).
+                    Ok(stored) => removed += usize::from(stored && expired.get()),
+                    // A value that cannot be read back (never written so) would stop every later
+                    // sweep here: it goes, if still those bytes (a put may have replaced it since
+                    // with a session that reads).
+                    Err(StoreError::Corrupt(_)) => {
+                        let key = task_key(&up, &id);
+                        if let Some(bytes) = self.held.get(&key).map_err(db_err)? {
+                            if HeldSessionRecord::decode(&bytes).is_err()
+                                && remove_entry(&self.held, &key, &bytes)?
+                            {
+                                removed += 1;
+                            }
                         }
                     }
+                    Err(e) => return Err(e),
                 }
-                Err(e) => return Err(e),
+                // The entry itself went with its session if it was the session's own. Otherwise it is
+                // a leftover (no session, or one whose expiry moved on: a crash or a lost race, see
+                // the module doc): it goes once surely not a write in progress, and only if still as
+                // read (a write of the session may be asserting it again).
+                if is_leftover(at, &v, now_ms) {
+                    remove_entry(&self.held_by_expiry, &k, &v)?;
+                }
             }
-            // The entry itself went with its session if it was the session's own. Otherwise it is
-            // a leftover (no session, or one whose expiry moved on: a crash or a lost race, see
-            // the module doc): it goes once surely not a write in progress, and only if still as
-            // read (a write of the session may be asserting it again).
-            if is_leftover(at, &v, now_ms) {
-                remove_entry(&self.held_by_expiry, &k, &v)?;
-            }
-        }
-        Ok(removed)
+            Ok(removed)
+        })
     }
 }

@@ -91,13 +91,22 @@ pub(super) fn write_step() -> Result<(), StoreError> {
     {
         let left = WRITES_LEFT.get();
         match left {
-            Some(0) => return Err(StoreError::Db("simulated crash".into())),
+            Some(0) => return Err(StoreError::Db(SIMULATED_CRASH.into())),
             Some(n) => WRITES_LEFT.set(Some(n - 1)),
             None => {}
         }
     }
     Ok(())
 }
+
+/// Whether `why` is the tests' simulated crash of [`write_step`] (never in a build outside
+/// tests), which must not fail the store as sled's own errors do (`failure`).
+pub(super) fn is_simulated(why: &str) -> bool {
+    cfg!(test) && why == SIMULATED_CRASH
+}
+
+/// [`write_step`]'s error text in tests.
+const SIMULATED_CRASH: &str = "simulated crash";
 
 /// One index entry: its tree and key.
 pub(super) type Entry<'a> = (&'a sled::Tree, &'a [u8]);

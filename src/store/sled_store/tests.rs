@@ -904,3 +904,112 @@ async fn held_sessions_survive_a_reopen() {
     );
     assert_eq!((store.held.len(), store.held_by_expiry.len()), (0, 0));
 }
+
+/// tester4 finding 1: a group commit that never finishes (sled's flush after an I/O error
+/// waits forever) no longer hangs the write waiting on it: the write fails within the commit
+/// deadline, the store is failed for good naming why, every later call fails at once (no
+/// sled call, no wait), and `close` returns at once instead of joining the stuck committer.
+#[tokio::test]
+async fn a_commit_that_never_finishes_fails_the_store_within_its_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+    store.create(record("before", "alice", 1)).await.unwrap();
+    store.set_commit_deadline(std::time::Duration::from_millis(200));
+    store.stall_commits(true);
+    let refused = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        store.create(record("stuck", "alice", 2)),
+    )
+    .await
+    .expect("a creation whose commit never finishes is answered within the deadline");
+    let why = match refused {
+        Err(StoreError::Failed(why)) => why,
+        other => panic!("expected the store failed, got {other:?}"),
+    };
+    assert!(why.contains("did not answer within 200 ms"), "{why}");
+    assert_eq!(store.failed().as_deref(), Some(why.as_str()));
+    // Every later call fails at once, naming the failure and the remedy.
+    let later = tokio::time::timeout(
+        std::time::Duration::from_secs(1),
+        store.create(record("after", "alice", 3)),
+    )
+    .await
+    .expect("no wait once failed");
+    let message = later.unwrap_err().to_string();
+    assert!(
+        message.contains("restart taskgate") && message.contains(&why),
+        "{message}"
+    );
+    assert!(matches!(
+        store.get("up", "before"),
+        Err(StoreError::Failed(_))
+    ));
+    assert!(matches!(
+        store.list_owner("up", &Owner::Principal("alice".into()), None, 10),
+        Err(StoreError::Failed(_))
+    ));
+    assert!(store.ping().await.is_err());
+    // The graceful stop's close does not wait for the stuck committer.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let closing = store.clone();
+    std::thread::spawn(move || {
+        closing.close();
+        let _ = tx.send(());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(5))
+        .expect("close returns although the committer is stuck");
+    store.stall_commits(false);
+}
+
+/// tester4 finding 2: a creation whose group commit failed is not recorded: after the store
+/// is reopened (sled's own flush on drop would have written what its memory held) the task is
+/// neither gettable nor listed, while a task acknowledged before the failure is.
+#[tokio::test]
+async fn a_creation_whose_commit_failed_is_not_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let alice = Owner::Principal("alice".into());
+    {
+        let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+        store.create(record("acked", "alice", 1)).await.unwrap();
+        store.fail_commits(true);
+        let refused = store.create(record("refused", "alice", 2)).await;
+        assert!(matches!(refused, Err(StoreError::Failed(_))), "{refused:?}");
+        assert!(store.failed().unwrap().contains("No space left on device"));
+        store.fail_commits(false);
+        // Still failed: sled does not recover in the process.
+        assert!(matches!(
+            store.create(record("later", "alice", 3)).await,
+            Err(StoreError::Failed(_))
+        ));
+        // What the failed store still holds in memory reaches disk on drop, as sled's own
+        // flush would.
+        store.db.flush().unwrap();
+    }
+    let store = reopen(dir.path()).await;
+    assert!(store.failed().is_none());
+    assert!(store.get("up", "refused").unwrap().is_none());
+    assert!(store.get("up", "later").unwrap().is_none());
+    let (page, _) = store.list_owner("up", &alice, None, 10).unwrap();
+    let ids: Vec<_> = page.iter().map(|r| r.task_id.as_str()).collect();
+    assert_eq!(ids, ["acked"]);
+}
+
+/// An I/O error sled returns from a point call fails the store for good, as a failed commit
+/// does (sled sets its own global error then and does not recover in the process).
+#[test]
+fn a_sled_error_fails_the_store_and_a_simulated_crash_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+    let crashed: Result<(), StoreError> = store.failed.note(Err(StoreError::Db(SIMULATED.into())));
+    assert!(matches!(crashed, Err(StoreError::Db(_))));
+    assert!(store.failed().is_none());
+    let io: Result<(), StoreError> = store.failed.note(Err(StoreError::Db(
+        "IO error: Permission denied (os error 13)".into(),
+    )));
+    assert!(matches!(io, Err(StoreError::Failed(_))));
+    assert!(
+        matches!(store.get("up", "x"), Err(StoreError::Failed(why)) if why.contains("os error 13"))
+    );
+}
+
+const SIMULATED: &str = "simulated crash";
