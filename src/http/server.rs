@@ -35,21 +35,7 @@ pub trait Handler: Send + Sync + 'static {
         req: Request<Incoming>,
         peer: std::net::SocketAddr,
     ) -> impl Future<Output = Response<Body>> + Send + 'static;
-
-    /// The answer to a request still waiting for its own when the drain ends
-    /// (`gateway.drain_timeout_ms`, or a second stop signal): one whose head has not gone out
-    /// gets this instead of a bare connection close, so its client can tell a shutdown from a
-    /// crash. By default HTTP 503 with no body; [`serve`] adds `Connection: close`.
-    fn shutting_down(&self) -> Response<Body> {
-        let mut resp = Response::new(Body::default());
-        *resp.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
-        resp
-    }
 }
-
-/// After the drain ends, how long connections get to write the [`Handler::shutting_down`]
-/// answers of their waiting requests before [`serve`] returns (and what is left is cut).
-const FINAL_WRITE: Duration = Duration::from_millis(500);
 
 /// Limits of one listener (shared by its serving threads: clone it for each).
 #[derive(Clone)]
@@ -88,9 +74,7 @@ impl Drain {
 
 /// Accepts connections on `listener` until `shutdown` turns true, then waits up to
 /// `drain.timeout` (or until the drain is cut) for open connections to finish their in-flight
-/// requests. A request still waiting then, its answer not started, is answered
-/// [`Handler::shutting_down`] with `Connection: close`; after at most [`FINAL_WRITE`] more for
-/// those answers to be written, it returns (answers already streaming are cut).
+/// requests, and returns.
 pub async fn serve<H: Handler>(
     listener: TcpListener,
     handler: Arc<H>,
@@ -108,9 +92,6 @@ pub async fn serve<H: Handler>(
         .max_buf_size(64 * 1024)
         .max_header_size(64 * 1024);
     let slots = limits.connections;
-    // Turns true when the drain ends: requests whose answers have not started answer
-    // `Handler::shutting_down` then.
-    let (ended_tx, ended) = watch::channel(false);
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -137,27 +118,10 @@ pub async fn serve<H: Handler>(
                 let handler = handler.clone();
                 let dispatched = Dispatched::default();
                 let io = HeadTimeoutIo::new(stream, dispatched.clone());
-                let ended = ended.clone();
                 let service = hyper::service::service_fn(move |req| {
                     dispatched.store(true, Ordering::Relaxed);
                     let handler = handler.clone();
-                    let mut ended = ended.clone();
-                    async move {
-                        let answer = handler.clone().handle(req, peer);
-                        let resp = tokio::select! {
-                            biased;
-                            resp = answer => resp,
-                            Ok(_) = ended.wait_for(|e| *e) => {
-                                let mut resp = handler.shutting_down();
-                                resp.headers_mut().insert(
-                                    http::header::CONNECTION,
-                                    http::HeaderValue::from_static("close"),
-                                );
-                                resp
-                            }
-                        };
-                        Ok::<_, Infallible>(resp)
-                    }
+                    async move { Ok::<_, Infallible>(handler.handle(req, peer).await) }
                 });
                 let conn = builder.serve_connection(TokioIo::new(io), service);
                 let conn = graceful.watch(conn);
@@ -172,23 +136,17 @@ pub async fn serve<H: Handler>(
         }
     }
     drop(listener);
-    let all_done = graceful.shutdown();
-    tokio::pin!(all_done);
     tokio::select! {
-        done = tokio::time::timeout(drain.timeout, &mut all_done) => {
-            if done.is_ok() {
-                return;
+        ended = tokio::time::timeout(drain.timeout, graceful.shutdown()) => {
+            if ended.is_err() {
+                tracing::warn!(
+                    drain_ms = drain.timeout.as_millis() as u64,
+                    "drain timeout reached; closing the remaining connections"
+                );
             }
-            tracing::warn!(
-                drain_ms = drain.timeout.as_millis() as u64,
-                "drain timeout reached; answering waiting requests 503 and closing the remaining connections"
-            );
         }
         () = drain.cut() => {
-            tracing::debug!("drain cut short; answering waiting requests 503 and closing the remaining connections");
+            tracing::debug!("drain cut short; closing the remaining connections");
         }
     }
-    // Waiting requests answer now; started answers (an SSE stream) are cut when this returns.
-    let _ = ended_tx.send(true);
-    let _ = tokio::time::timeout(FINAL_WRITE, all_done).await;
 }
