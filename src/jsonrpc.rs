@@ -736,9 +736,9 @@ impl Message {
         };
         // What is put in is copied straight into the spliced message ([`Parts`]), in as few
         // pieces as its shape allows (a comma after a closing brace in one; the key and its
-        // colon in one, `member`: with the key, the quotes and the colon apart, ~90
-        // instructions more per traced request, callgrind, issue 34). `value` is the piece
-        // `value_part`.
+        // colon in one, `member`: with the key, the quotes and the colon apart, and the places
+        // noted again, this function cost each traced request 849 instructions, so 537,
+        // callgrind, issue 34). `value` is the piece `value_part`.
         let (range, with, value_part) = match self.params.state {
             ParamsState::NotAnObject => return None,
             ParamsState::Absent => {

@@ -104,7 +104,7 @@ impl Traced {
         // the edge (`http::trace::start`), so the client's `tracestate` is looked for only in
         // one without.
         let from_edge = server.is_some();
-        let server = server.cloned();
+        let server = span.server_kept(server);
         let id = msg.id().cloned();
         // Made on the stack, quoted, once for both places: a `String` for it, and one for its
         // quoted form, cost ~400 instructions (issue 34).
@@ -151,7 +151,8 @@ impl Traced {
 }
 
 /// The CLIENT span of one upstream exchange, started ([`super::Transport::traced_exchange`]),
-/// with the request's SERVER span and the request's id.
+/// with the request's SERVER span when the CLIENT span is not the exchange that span's record
+/// holds (`RequestTrace::server_kept`) and the request's id.
 pub struct ClientSpan {
     span: RequestTrace,
     server: Option<RequestTrace>,
