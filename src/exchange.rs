@@ -605,7 +605,7 @@ impl McpReply {
             ReplyBody::Json(bytes) => {
                 // The JSON-RPC code says more than the HTTP status that carries it.
                 trace.answer_json(bytes, status, server);
-                trace.end();
+                trace.finish();
             }
             ReplyBody::Stream(_) => {
                 let id = id.cloned();
@@ -625,7 +625,7 @@ impl McpReply {
                 if let Some(status) = status {
                     trace.set(KeyValue::new(semconv::ERROR_TYPE, status));
                 }
-                trace.end()
+                trace.finish()
             }
         }
     }
@@ -725,7 +725,7 @@ impl GatewayError {
     /// gives for it) and ends the span (issue 34).
     pub fn end_span(&self, trace: RequestTrace) {
         trace.set(KeyValue::new(semconv::ERROR_TYPE, self.code().to_string()));
-        trace.end();
+        trace.finish();
     }
 
     /// The `outcome` label of `taskgate_requests_total` for this error.

@@ -341,78 +341,6 @@ impl Params {
         }
     }
 
-    /// These places after the bytes at `range` (absolute, inside the value of one member) were
-    /// replaced by `len` bytes: what lies after `range` moves; past 64 KiB lookups walk.
-    fn edited(&self, range: std::ops::Range<usize>, len: usize) -> Params {
-        let mut out = *self;
-        let at = self.at as usize;
-        let Some(end) = range.end.checked_sub(at) else {
-            out.state = ParamsState::Walk;
-            return out;
-        };
-        let moved = |n: u16| -> Option<u16> {
-            match usize::from(n) >= end {
-                true => u16::try_from(usize::from(n) - range.len() + len).ok(),
-                false => Some(n),
-            }
-        };
-        for slot in out.members[..usize::from(self.count)].iter_mut() {
-            for n in slot.iter_mut() {
-                match moved(*n) {
-                    Some(m) => *n = m,
-                    None => out.state = ParamsState::Walk,
-                }
-            }
-        }
-        match moved(self.len) {
-            Some(l) => out.len = l,
-            None => out.state = ParamsState::Walk,
-        }
-        out
-    }
-
-    /// These places after a `_meta` member of `len` bytes (its comma included) was inserted
-    /// right after `params`' opening brace: it is the first member, the others move; past
-    /// [`PARAMS`] members or 64 KiB lookups walk.
-    fn meta_added(&self, len: usize) -> Params {
-        let mut out = *self;
-        let count = usize::from(self.count);
-        let shift = |n: u16| u16::try_from(usize::from(n) + len).ok();
-        let (Some(total), true) = (shift(self.len), count < PARAMS) else {
-            out.state = ParamsState::Walk;
-            return out;
-        };
-        // `{"_meta":` then the value, which ends before the comma (if any) of `len`.
-        const KEY: usize = "{\"".len();
-        const VALUE: usize = "{\"_meta\":".len();
-        let value_end = 1 + len - usize::from(count > 0);
-        for i in (0..count).rev() {
-            let mut slot = self.members[i];
-            for n in slot.iter_mut() {
-                match shift(*n) {
-                    Some(m) => *n = m,
-                    None => {
-                        out.state = ParamsState::Walk;
-                        return out;
-                    }
-                }
-            }
-            out.members[i + 1] = slot;
-        }
-        out.members[0] = [KEY as u16, VALUE as u16, value_end as u16];
-        out.count = self.count + 1;
-        out.len = total;
-        // Every noted member's index moves up one; `_meta` is the first. All five slots at
-        // once: one added to each that is not 0 (a slot holds at most `PARAMS`, so none
-        // carries into the next). With a loop over the five, this function cost ~115
-        // instructions per traced upstream request, so ~85 (callgrind, issue 34).
-        const LOW_BITS: u16 = 0b001_001_001_001_001;
-        let slots = self.known & 0o77777;
-        let noted = (slots | slots >> 1 | slots >> 2) & LOW_BITS;
-        out.known = (slots + noted) & !(0b111 << Known::Meta.shift()) | 1 << Known::Meta.shift();
-        out
-    }
-
     /// Sets where `params` ends (`end`); past 64 KiB lookups walk.
     fn end(&mut self, end: usize) {
         match end
@@ -770,59 +698,54 @@ impl Message {
     /// the trace context's are made as bytes, and a check of them cost ~100 instructions per
     /// traced upstream request, issue 34).
     ///
-    /// The envelope is kept, not parsed again: the edit lies inside `params`, so only the places
-    /// of `params`' members move, and they are moved here (issue 34: parsing the spliced
-    /// `_meta.traceparent` request again cost a small `tools/call` ~5,000 instructions). A
-    /// message whose `params` was not indexed (`ParamsState::Walk`), or one without `params`, is
-    /// parsed again.
+    /// The envelope is kept, not parsed again: the edit lies inside `params` (or adds it), so
+    /// the kind, id and method are the message's (issue 34: parsing the spliced
+    /// `_meta.traceparent` request again cost a small `tools/call` ~5,000 instructions). The
+    /// places of `params`' members are not noted again: a look-up in the new message walks its
+    /// `params` (`ParamsState::Walk`). (The message goes upstream as its bytes, its `params`
+    /// not looked at again; moving the places noted, for a `_meta` added, cost each traced
+    /// request ~110 instructions, callgrind, issue 34.)
     pub fn with_meta_member(&self, key: &str, value: &[u8]) -> Option<Message> {
-        self.with_meta_member_at(key, value)
+        let member = format!("\"{key}\":");
+        self.with_meta_member_at(member.as_bytes(), value)
             .map(|(message, _)| message)
     }
 
-    /// [`Message::with_meta_member`], and where `value` starts in the new message's bytes
-    /// ([`Message::bytes`]). A message of at most [`CARVED_MESSAGE`] bytes is carved from a
-    /// buffer this thread keeps ([`MESSAGE_BUFFER`] bytes, shared by the messages carved from
-    /// it), so a slice of it (the upstream client's `traceparent` header field, the value's
-    /// inside) is a reference count, not a copy (issue 34: with an allocation of its own,
-    /// freed once written upstream, and the header value carved apart, a traced small
-    /// `tools/call` cost ~150 instructions more, the allocator's share most of it; two pairs
-    /// of runs, 60 and 245, callgrind). A carved message keeps its whole
-    /// buffer alive while it lives: made for a request on its way upstream, whose bytes are
-    /// let go once written.
-    pub fn with_meta_member_at(&self, key: &str, value: &[u8]) -> Option<(Message, usize)> {
+    /// [`Message::with_meta_member`] of the member whose key and colon are `member` (JSON text,
+    /// `"traceparent":`: made once by the caller, put in as one piece with `value`), and where
+    /// `value` starts in the new message's bytes ([`Message::bytes`]). A message of at most
+    /// [`CARVED_MESSAGE`] bytes is carved from a buffer this thread keeps ([`MESSAGE_BUFFER`]
+    /// bytes, shared by the messages carved from it), so a slice of it (the upstream client's
+    /// `traceparent` header field, the value's inside) is a reference count, not a copy (issue
+    /// 34: with an allocation of its own, freed once written upstream, and the header value
+    /// carved apart, a traced small `tools/call` cost ~150 instructions more, the allocator's
+    /// share most of it; two pairs of runs, 60 and 245, callgrind). A carved message keeps its
+    /// whole buffer alive while it lives: made for a request on its way upstream, whose bytes
+    /// are let go once written. `member` is put in as it is (read for its key only where
+    /// `_meta` is there to look in: `None` then when it is not a key and a colon).
+    pub fn with_meta_member_at(&self, member: &[u8], value: &[u8]) -> Option<(Message, usize)> {
         self.method()?;
         let raw = &self.raw[..];
-        // What is put in is copied straight into the spliced message ([`Parts`]).
-        let key = key.as_bytes();
-        // The first member of the object starting at `open`: `member`, and a comma when the
-        // object has members already.
-        fn first<'a>(
-            open: usize,
-            object: &[u8],
-            mut member: Parts<'a>,
-        ) -> (Range<usize>, Parts<'a>) {
-            let inner = object
+        // Whether the object `object` has members: a comma then follows the one put first.
+        let has_members = |object: &[u8]| {
+            object
                 .get(1..object.len().saturating_sub(1))
-                .unwrap_or_default();
-            if inner
+                .unwrap_or_default()
                 .iter()
                 .any(|c| !matches!(c, b' ' | b'\t' | b'\n' | b'\r'))
-            {
-                member.push(b",");
-            }
-            (open + 1..open + 1, member)
-        }
-        match self.params.state {
-            ParamsState::NotAnObject => None,
+        };
+        // What is put in is copied straight into the spliced message ([`Parts`]), in as few
+        // pieces as its shape allows (a comma after a closing brace in one; the key and its
+        // colon in one, `member`: with the key, the quotes and the colon apart, and the places
+        // noted again, this function cost each traced request 849 instructions, so 537,
+        // callgrind, issue 34). `value` is the piece `value_part`.
+        let (range, with, value_part) = match self.params.state {
+            ParamsState::NotAnObject => return None,
             ParamsState::Absent => {
-                // The message is an object (it has a method).
+                // The message is an object with members (it has a method).
                 let at = raw.iter().position(|&b| b == b'{')? + 1;
-                let member = Parts::of([b"\"params\":{\"_meta\":{\"", key, b"\":", value, b"}},"]);
-                let value_at = at + member.before(3);
-                Message::parse(member.spliced(raw, at..at))
-                    .ok()
-                    .map(|m| (m, value_at))
+                let with = Parts::of([b"\"params\":{\"_meta\":{", member, value, b"}},"]);
+                (at..at, with, 2)
             }
             ParamsState::Walk | ParamsState::Indexed => {
                 // `params` and where it starts: noted by the envelope parse (read as bytes: its
@@ -841,49 +764,51 @@ impl Message {
                 if !params.starts_with(b"{") {
                     return None;
                 }
-                // `value` is the first part of a replacement, the fourth of a member added.
-                let (range, with, added, value_part) = match self.param("_meta") {
+                match self.param("_meta") {
                     Some(meta) if meta.starts_with('{') => {
                         let open = splice::span_of_str(raw, meta)?.start;
-                        let name = std::str::from_utf8(key).ok()?;
-                        match splice::raw_at(meta.as_bytes(), &[name]).ok()? {
+                        let key = member
+                            .strip_prefix(b"\"")
+                            .and_then(|m| m.strip_suffix(b"\":"))
+                            .and_then(|k| std::str::from_utf8(k).ok())?;
+                        match splice::raw_at(meta.as_bytes(), &[key]).ok()? {
                             Some(old) => {
                                 let at = open + splice::span_of(meta.as_bytes(), old)?.start;
-                                (at..at + old.get().len(), Parts::of([value]), false, 0)
+                                (at..at + old.get().len(), Parts::of([value]), 0)
                             }
                             None => {
-                                let member = Parts::of([b"\"", key, b"\":", value]);
-                                let (range, with) = first(open, meta.as_bytes(), member);
-                                (range, with, false, 3)
+                                let mut with = Parts::of([member, value]);
+                                if has_members(meta.as_bytes()) {
+                                    with.push(b",");
+                                }
+                                (open + 1..open + 1, with, 1)
                             }
                         }
                     }
                     Some(_) => return None,
                     None => {
-                        let member = Parts::of([b"\"_meta\":{\"", key, b"\":", value, b"}"]);
-                        let (range, with) = first(params_at, params, member);
-                        (range, with, true, 3)
+                        let end: &[u8] = match has_members(params) {
+                            true => b"},",
+                            false => b"}",
+                        };
+                        let with = Parts::of([b"\"_meta\":{", member, value, end]);
+                        (params_at + 1..params_at + 1, with, 2)
                     }
-                };
-                let value_at = range.start + with.before(value_part);
-                let spliced = with.spliced(raw, range.clone());
-                if self.params.state == ParamsState::Walk {
-                    return Message::parse(spliced).ok().map(|m| (m, value_at));
                 }
-                let params = match added {
-                    false => self.params.edited(range, with.len()),
-                    true => self.params.meta_added(with.len()),
-                };
-                let message = Message {
-                    raw: spliced,
-                    kind: self.kind,
-                    id: self.id.clone(),
-                    method: self.method.clone(),
-                    params,
-                };
-                Some((message, value_at))
             }
-        }
+        };
+        let value_at = range.start + with.before(value_part);
+        let message = Message {
+            raw: with.spliced(raw, range),
+            kind: self.kind,
+            id: self.id.clone(),
+            method: self.method.clone(),
+            params: Params {
+                state: ParamsState::Walk,
+                ..Params::ABSENT
+            },
+        };
+        Some((message, value_at))
     }
 
     /// True for requests and notifications, which get 202 (notifications) or an answer (requests).

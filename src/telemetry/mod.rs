@@ -771,6 +771,18 @@ impl RequestTrace {
         }
     }
 
+    /// The SERVER span `server` (the request's) as this span, an exchange's CLIENT span, keeps
+    /// it for its answer ([`RequestTrace::answer_json`]): none when this is the exchange that
+    /// span's record holds, reached through this span's own handle (a handle of it kept too,
+    /// its reference count taken and let go, cost each traced request ~10 instructions,
+    /// callgrind, issue 34).
+    pub fn server_kept(&self, server: Option<&RequestTrace>) -> Option<RequestTrace> {
+        match self.part {
+            Part::Exchange => None,
+            Part::Own => server.cloned(),
+        }
+    }
+
     /// Whether this span is sampled and still open (attributes set on it are exported).
     pub fn is_recording(&self) -> bool {
         self.with(|_| ()).is_some()
@@ -779,7 +791,8 @@ impl RequestTrace {
     /// Records the outcome of a JSON reply whose body is `body`: `error.type` is the JSON-RPC
     /// error's code, [`semconv::TOOL_ERROR`] for a result with `isError: true`, else `status`
     /// (the HTTP status of a non-2xx reply). With `server` (the request's SERVER span, when this
-    /// is an exchange's CLIENT span) the outcome of a body that had to be searched
+    /// is an exchange's CLIENT span; the exchange a SERVER span's record holds reaches that
+    /// span through its own handle, and `server` is then not read) the outcome of a body that had to be searched
     /// ([`error_type`]) is noted there too, so the SERVER span, ending on the same bytes (no
     /// layer changed them: the common case), reads nothing again (issue 34: searching each
     /// answer twice cost a small `tools/call` ~1,300 instructions); one read at its ends is
@@ -800,9 +813,17 @@ impl RequestTrace {
         // Whether `server` is still open is asked only when this span is not (it is asked
         // again where the answer is noted): asked first, its lock cost every exchange's answer
         // ~30 instructions (callgrind, issue 34).
+        // The SERVER span's record: this span's own when this is the exchange it holds (its
+        // CLIENT span keeps no handle of the SERVER span for it, `RequestTrace::server_kept`),
+        // else `server`'s.
+        let server = || match self.part {
+            Part::Exchange => Some(&*self.shared),
+            Part::Own => server.filter(|s| s.part == Part::Own).map(|s| &*s.shared),
+        };
+        let open = |shared: &Shared| shared.record.lock().as_ref().is_some_and(|r| r.open);
         let kind = match kind {
             Some(kind) => kind,
-            None if server.is_some_and(RequestTrace::is_recording) => None,
+            None if server().is_some_and(open) => None,
             None => return,
         };
         let kind = match kind {
@@ -813,8 +834,8 @@ impl RequestTrace {
                 Some(kind) => kind,
                 None => {
                     let kind = error_type_searched(body);
-                    if let Some(server) = server.filter(|s| s.part == Part::Own) {
-                        let mut record = server.shared.record.lock();
+                    if let Some(server) = server() {
+                        let mut record = server.record.lock();
                         if let Some(record) = record.as_mut().filter(|r| r.open) {
                             record.rare.get_or_insert_with(Default::default).answer =
                                 Some((body.clone(), kind.clone()));
@@ -826,6 +847,19 @@ impl RequestTrace {
         };
         if let Some(kind) = kind.or(status) {
             self.set(KeyValue::new(semconv::ERROR_TYPE, kind));
+        }
+    }
+
+    /// [`RequestTrace::end`], this handle let go: an exchange's last handle, dropped after its
+    /// span ended, does not end it again (its record's lock taken again for nothing cost each
+    /// traced request ~33 instructions, callgrind, issue 34).
+    pub fn finish(mut self) {
+        self.end();
+        if self.part == Part::Exchange {
+            self.shared.exchange_handles.fetch_sub(1, Ordering::AcqRel);
+            // Its count let go here; dropped as the record's own span's handle, which ends
+            // nothing when dropped.
+            self.part = Part::Own;
         }
     }
 

@@ -236,8 +236,8 @@ pub struct RequestValues {
 }
 
 /// The id's and the session's text: in place up to [`INLINE_TEXT`] bytes, on the heap past it
-/// (`smallvec`, already in the tree). Made of whole `&str`s and cut only where one ended, so
-/// it is always UTF-8.
+/// (`smallvec`, already in the tree). Made of whole UTF-8 texts (an `Id`'s, a `&str`) and cut
+/// only where one ended, so it is always UTF-8.
 type Text = smallvec::SmallVec<[u8; INLINE_TEXT]>;
 
 /// The longest [`Text`] kept in place: a request id and a session id of 36 characters (a UUID)
@@ -253,20 +253,21 @@ impl RequestValues {
         session: Option<&str>,
     ) -> RequestValues {
         let mut values = RequestValues::default();
-        values.set(id, version, session);
+        values.set(id.map(str::as_bytes), version, session);
         values
     }
 
     /// Sets these values to [`RequestValues::new`]'s of `id`, `version` and `session`, in
     /// place (a span's record's: made apart and moved into the record with the rest of the
-    /// span, they were copied three times, issue 34).
+    /// span, they were copied three times, issue 34). `id` is the id's text as bytes, UTF-8 (a
+    /// `jsonrpc::Id`'s, UTF-8 when made; not checked again here, issue 34).
     pub fn set(
         &mut self,
-        id: Option<&str>,
+        id: Option<&[u8]>,
         version: Option<Cow<'static, str>>,
         session: Option<&str>,
     ) {
-        let id_bytes = id.unwrap_or_default().as_bytes();
+        let id_bytes = id.unwrap_or_default();
         let session_bytes = session.unwrap_or_default().as_bytes();
         let len = id_bytes.len() + session_bytes.len();
         self.text = match len <= INLINE_TEXT {
@@ -286,7 +287,7 @@ impl RequestValues {
                 text
             }
         };
-        self.id = id.map(str::len);
+        self.id = id.map(<[u8]>::len);
         self.session = session.is_some();
         self.version = version;
     }

@@ -1302,3 +1302,58 @@ fn endpoints_carry_no_credentials_and_keep_their_query() {
     .unwrap();
     assert_eq!(s.traces_endpoint, "http://c:4318/base/v1/traces?x=1");
 }
+
+/// `finish` ends an exchange's span at once, whatever other handles of it live, and lets its
+/// handle go without ending it again; the record is queued once, when the SERVER span ends.
+/// The exchange a SERVER span's record holds keeps no handle of that span for its answer
+/// (`server_kept`), and its answer's outcome is still noted there (issue 34).
+#[test]
+fn a_finished_exchange_is_ended_once_and_keeps_no_server_handle() {
+    let queue = Arc::new(batch::Queue::new(
+        prometheus::IntCounter::new("dropped", "dropped").unwrap(),
+    ));
+    let telemetry = Telemetry(Arc::new(Inner {
+        root_sampler: RootSampler::new(1.0),
+        ids: Ids,
+        queue: queue.clone(),
+    }));
+    let peer = Peer::new(Vec::new());
+    let server = telemetry.request_span("tools/call", Incoming::default(), |_| {
+        (Target::Tool("echo".into()), Vec::new())
+    });
+    let client = telemetry.exchange_span("tools/call", Some(&server), &[], &peer, || {
+        (Some(&br#""echo""#[..]), Vec::new())
+    });
+    assert!(client.server_kept(Some(&server)).is_none());
+    assert!(server.server_kept(Some(&server)).is_some());
+    // A searched answer's outcome noted for the SERVER span through the exchange's handle.
+    let body =
+        Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"x"}}"#);
+    client.answer_json(&body, None, None);
+    let copy = client.clone();
+    client.finish();
+    assert!(!copy.is_recording() && server.is_recording());
+    drop(copy);
+    assert!(
+        queue.drain().is_empty(),
+        "queued before the SERVER span ended"
+    );
+    server.answer_json(&body, None, None);
+    let kept = server.clone();
+    server.finish();
+    let records = queue.drain();
+    assert_eq!(records.len(), 1);
+    let r = &records[0];
+    assert!(r.closed());
+    let error = |attributes: &[KeyValue]| {
+        attributes
+            .iter()
+            .find(|a| a.key.as_str() == semconv::ERROR_TYPE)
+            .map(|a| a.value.to_string())
+    };
+    assert_eq!(error(&r.attributes).as_deref(), Some("-32602"));
+    let exchange = r.exchange.as_ref().expect("the exchange");
+    assert_eq!(error(&exchange.attributes).as_deref(), Some("-32602"));
+    drop(kept);
+    assert!(queue.drain().is_empty(), "queued once");
+}

@@ -18,6 +18,9 @@ use std::sync::Arc;
 
 static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 static TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+/// `params._meta.traceparent`'s key and colon as JSON text, put in before the value in one
+/// piece (`Message::with_meta_member_at`).
+const TRACEPARENT_MEMBER: &[u8] = b"\"traceparent\":";
 
 /// What the CLIENT spans of one upstream are made with: the exporter and the upstream's
 /// `server.address`, `server.port` and `network.transport`.
@@ -97,7 +100,11 @@ impl Traced {
             &self.peer,
             details,
         );
-        let server = server.cloned();
+        // A request with its client's SERVER span had the client's trace fields taken out at
+        // the edge (`http::trace::start`), so the client's `tracestate` is looked for only in
+        // one without.
+        let from_edge = server.is_some();
+        let server = span.server_kept(server);
         let id = msg.id().cloned();
         // Made on the stack, quoted, once for both places: a `String` for it, and one for its
         // quoted form, cost ~400 instructions (issue 34).
@@ -111,7 +118,7 @@ impl Traced {
         // callgrind, issue 34), else carved. Neither is checked: the bytes are
         // `traceparent_bytes`' (checked, 55 bytes cost ~115 instructions).
         let mut value = None;
-        if let Some((rewritten, at)) = msg.with_meta_member_at(semconv::TRACEPARENT, &quoted) {
+        if let Some((rewritten, at)) = msg.with_meta_member_at(TRACEPARENT_MEMBER, &quoted) {
             let bytes = rewritten.bytes();
             // Compared with what was spliced in (~25 instructions), so what goes in the
             // header field is known to be those bytes whatever `at` says.
@@ -133,6 +140,7 @@ impl Traced {
             Some(Ok(value)) => {
                 headers.insert(TRACESTATE.clone(), value);
             }
+            _ if from_edge => {}
             // Hashed only when the client sent one (`headers::take`, ~100 instructions).
             _ => {
                 crate::headers::take(headers, &TRACESTATE);
@@ -143,7 +151,8 @@ impl Traced {
 }
 
 /// The CLIENT span of one upstream exchange, started ([`super::Transport::traced_exchange`]),
-/// with the request's SERVER span and the request's id.
+/// with the request's SERVER span when the CLIENT span is not the exchange that span's record
+/// holds (`RequestTrace::server_kept`) and the request's id.
 pub struct ClientSpan {
     span: RequestTrace,
     server: Option<RequestTrace>,
@@ -164,5 +173,15 @@ impl ClientSpan {
 impl std::fmt::Debug for ClientSpan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_tuple("ClientSpan").field(&self.span).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The member text put before the value is `traceparent`'s key and a colon.
+    #[test]
+    fn the_traceparent_member_is_its_key_and_a_colon() {
+        let member = format!("\"{}\":", crate::telemetry::semconv::TRACEPARENT);
+        assert_eq!(super::TRACEPARENT_MEMBER, member.as_bytes());
     }
 }
