@@ -46,6 +46,11 @@ pub enum StoreError {
     /// A stored value could not be decoded.
     #[error("task store holds a corrupt record: {0}")]
     Corrupt(String),
+    /// A value past one of the store's bounds (a held session's capabilities larger than its
+    /// limit, ...): not written, nothing else touched. The caller's value is at fault, not the
+    /// store: it never fails the store (`sled_store::failure`).
+    #[error("not written to the task store: {0}")]
+    TooLarge(String),
     /// The store was closed by taskgate's graceful shutdown (or its store threads are stopping):
     /// work that raced the stop asked for a commit no longer made. Not a fault of the store:
     /// logged at DEBUG ([`log_failure`]), not counted as a store failure.

@@ -10,7 +10,7 @@ impl PgStore {
         c: super::Conn,
         session: HeldSessionRecord,
     ) -> Result<(), StoreError> {
-        session.check().map_err(StoreError::Db)?;
+        session.check().map_err(StoreError::TooLarge)?;
         let text = session.encode();
         c.execute(
             "INSERT INTO taskgate_held_sessions (upstream, session_id, expires_at, session) \

@@ -38,7 +38,7 @@ impl SledStore {
     /// its entry moved as [`SledStore::change_held`] moves it. A stored version that cannot be
     /// read is replaced; its entry, if any, is left to the sweep.
     fn put_held(&self, session: &HeldSessionRecord) -> Result<(), StoreError> {
-        session.check().map_err(StoreError::Db)?;
+        session.check().map_err(StoreError::TooLarge)?;
         let key = task_key(&session.upstream, &session.session_id);
         let text = session.encode();
         let new_k = expiry_key(session.expires_at, &session.upstream, &session.session_id);

@@ -1012,4 +1012,24 @@ fn a_sled_error_fails_the_store_and_a_simulated_crash_does_not() {
     );
 }
 
+/// A value past one of the store's bounds is refused, and only it: the store does not fail
+/// (a client's 5 KB capabilities failed the whole store for good when the bound's error was
+/// taken for sled's own, `store_contract::contract_sled`).
+#[test]
+fn a_value_past_a_bound_is_refused_without_failing_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+    let mut big = session("big", now_ms() + 60_000);
+    big.client_capabilities = serde_json::json!({"sampling": {"x": "y".repeat(5000)}});
+    assert!(matches!(
+        store.put_held_session(big),
+        Err(StoreError::TooLarge(why)) if why.contains("capabilities")
+    ));
+    assert!(store.failed().is_none());
+    assert!(store.held_session("up", "big").unwrap().is_none());
+    store
+        .put_held_session(session("h", now_ms() + 60_000))
+        .unwrap();
+}
+
 const SIMULATED: &str = "simulated crash";
