@@ -2023,13 +2023,17 @@ async fn second_gateway_on_same_store_fails_naming_the_lock() {
 
 /// Graceful shutdown with work in flight (issue 6): SIGTERM while a GET stream is open and a
 /// `tasks/result` is blocked upstream. New connections are refused at once, the GET stream ends
-/// at once, the blocked `tasks/result` is cut at the drain timeout, the process exits 0, and a
-/// restart on the same store finds every record (including the cancel recorded just before).
+/// at once, the blocked `tasks/result` is answered at the drain timeout (tester4 finding 7: it
+/// got a bare connection close; now HTTP 503 with `Connection: close` and JSON-RPC `-32603`
+/// "taskgate is shutting down; retry", so a client tells a shutdown from a crash), the process
+/// exits 0, and a restart on the same store finds every record (including the cancel recorded
+/// just before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_with_stream_and_task_in_flight_drains_and_keeps_records() {
     let gate = Gate::new();
     let up = TaskServer::start(Behaviour {
-        result_gate: Some(gate.clone()),
+        // A JSON answer the upstream holds back: no head reaches the client before it.
+        result_json_gate: Some(gate.clone()),
         get_stream: Some(Arc::new(|| {
             vec![ev().id("g-1").data("").into(), SseStep::HoldOpen]
         })),
@@ -2064,8 +2068,12 @@ async fn sigterm_with_stream_and_task_in_flight_drains_and_keeps_records() {
     // A tasks/result that blocks upstream until the gate opens (never, here).
     let pending = {
         let c = c.clone();
-        let t1 = t1.clone();
-        tokio::spawn(async move { c.result("4", &t1).await })
+        let body = rpc("4", "tasks/result", &json!({"taskId": t1}).to_string());
+        tokio::spawn(async move {
+            let r = c.req(body).send().await;
+            let close = r.header("connection");
+            (r.status(), close, r.json().await)
+        })
     };
     let started = Instant::now();
     while up.count("tasks/result") == 0 {
@@ -2105,7 +2113,17 @@ async fn sigterm_with_stream_and_task_in_flight_drains_and_keeps_records() {
         took >= Duration::from_millis(1400) && took < Duration::from_secs(5),
         "exit after {took:?}, drain timeout 1500 ms"
     );
-    let _ = pending.await;
+    let (status, close, v) = pending
+        .await
+        .expect("the blocked tasks/result got an answer");
+    assert_eq!(status, 503, "{v}");
+    assert_eq!(close.as_deref(), Some("close"));
+    assert_eq!(v["error"]["code"], json!(-32603), "{v}");
+    assert_eq!(
+        v["error"]["message"],
+        json!("taskgate is shutting down; retry"),
+        "{v}"
+    );
 
     // Everything is in the store, readable without the gateway.
     let mut ids = task_ids_in_store(&store);

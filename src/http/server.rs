@@ -2,15 +2,19 @@
 //! per connection, graceful shutdown (stop accepting, let in-flight exchanges finish).
 
 use bytes::Bytes;
+use futures_util::task::AtomicWaker;
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
+use slab::Slab;
 use std::convert::Infallible;
 use std::future::Future;
-use std::sync::atomic::Ordering;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -35,7 +39,21 @@ pub trait Handler: Send + Sync + 'static {
         req: Request<Incoming>,
         peer: std::net::SocketAddr,
     ) -> impl Future<Output = Response<Body>> + Send + 'static;
+
+    /// The answer to a request still waiting for its own when the drain ends
+    /// (`gateway.drain_timeout_ms`, or a second stop signal): one whose head has not gone out
+    /// gets this instead of a bare connection close, so its client can tell a shutdown from a
+    /// crash. By default HTTP 503 with no body; [`serve`] adds `Connection: close`.
+    fn shutting_down() -> Response<Body> {
+        let mut resp = Response::new(Body::default());
+        *resp.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+        resp
+    }
 }
+
+/// After the drain ends, how long connections get to write the [`Handler::shutting_down`]
+/// answers of their waiting requests before [`serve`] returns (and what is left is cut).
+const FINAL_WRITE: Duration = Duration::from_millis(500);
 
 /// Limits of one listener (shared by its serving threads: clone it for each).
 #[derive(Clone)]
@@ -74,7 +92,9 @@ impl Drain {
 
 /// Accepts connections on `listener` until `shutdown` turns true, then waits up to
 /// `drain.timeout` (or until the drain is cut) for open connections to finish their in-flight
-/// requests, and returns.
+/// requests. A request still waiting then, its answer not started, is answered
+/// [`Handler::shutting_down`] with `Connection: close`; after at most [`FINAL_WRITE`] more for
+/// those answers to be written, it returns (answers already streaming are cut).
 pub async fn serve<H: Handler>(
     listener: TcpListener,
     handler: Arc<H>,
@@ -92,6 +112,8 @@ pub async fn serve<H: Handler>(
         .max_buf_size(64 * 1024)
         .max_header_size(64 * 1024);
     let slots = limits.connections;
+    // The open connections, so the drain's end reaches the requests still waiting on them.
+    let open = Arc::new(OpenConnections::default());
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -118,17 +140,23 @@ pub async fn serve<H: Handler>(
                 let handler = handler.clone();
                 let dispatched = Dispatched::default();
                 let io = HeadTimeoutIo::new(stream, dispatched.clone());
+                let (key, waiting) = open.open();
                 let service = hyper::service::service_fn(move |req| {
                     dispatched.store(true, Ordering::Relaxed);
                     let handler = handler.clone();
-                    async move { Ok::<_, Infallible>(handler.handle(req, peer).await) }
+                    let waiting = waiting.clone();
+                    // The answer's future is made at the first poll, in its place in hyper's
+                    // box: made here and moved in, its copies cost ~275 instructions.
+                    async move { UntilDrainEnd::<_, H>::new(handler.handle(req, peer), waiting).await }
                 });
                 let conn = builder.serve_connection(TokioIo::new(io), service);
                 let conn = graceful.watch(conn);
+                let open = open.clone();
                 tokio::spawn(async move {
                     if let Err(e) = conn.await {
                         tracing::debug!(error = %e, "connection ended with an error");
                     }
+                    open.close(key);
                     drop(permit);
                 });
             }
@@ -136,17 +164,115 @@ pub async fn serve<H: Handler>(
         }
     }
     drop(listener);
+    let all_done = graceful.shutdown();
+    tokio::pin!(all_done);
     tokio::select! {
-        ended = tokio::time::timeout(drain.timeout, graceful.shutdown()) => {
-            if ended.is_err() {
-                tracing::warn!(
-                    drain_ms = drain.timeout.as_millis() as u64,
-                    "drain timeout reached; closing the remaining connections"
-                );
+        done = tokio::time::timeout(drain.timeout, &mut all_done) => {
+            if done.is_ok() {
+                return;
             }
+            tracing::warn!(
+                drain_ms = drain.timeout.as_millis() as u64,
+                "drain timeout reached; answering waiting requests 503 and closing the remaining connections"
+            );
         }
         () = drain.cut() => {
-            tracing::debug!("drain cut short; closing the remaining connections");
+            tracing::debug!("drain cut short; answering waiting requests 503 and closing the remaining connections");
         }
+    }
+    // Waiting requests answer now; started answers (an SSE stream) are cut when this returns.
+    open.end_all();
+    let _ = tokio::time::timeout(FINAL_WRITE, all_done).await;
+}
+
+/// One connection's side of the drain's end. HTTP/1 has at most one request waiting for its
+/// answer per connection: that request's future keeps its task's waker here while it waits.
+#[derive(Default)]
+struct Waiting {
+    /// The drain ended: a request still waiting answers [`Handler::shutting_down`].
+    ended: AtomicBool,
+    /// The waiting request's task (the connection's task).
+    waker: AtomicWaker,
+}
+
+/// The open connections of one listener, so the drain's end reaches the requests waiting on
+/// them. One lock when a connection opens and one when it closes, none per request: a race
+/// of every request with a watch channel (tokio's `Notified` takes a lock at each poll) cost
+/// the small call ~1,200 instructions (benches/RESULTS.md R83); this costs a waker check and
+/// an atomic load when a request's answer is not ready.
+#[derive(Default)]
+struct OpenConnections(std::sync::Mutex<Slab<Arc<Waiting>>>);
+
+impl OpenConnections {
+    /// A new connection's key (for [`OpenConnections::close`]) and its [`Waiting`].
+    fn open(&self) -> (usize, Arc<Waiting>) {
+        let waiting = Arc::new(Waiting::default());
+        let key = self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(waiting.clone());
+        (key, waiting)
+    }
+
+    /// Forgets a closed connection.
+    fn close(&self, key: usize) {
+        let mut open = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if open.contains(key) {
+            open.remove(key);
+        }
+    }
+
+    /// The drain ended: every waiting request answers [`Handler::shutting_down`] at its next
+    /// poll, which this wakes.
+    fn end_all(&self) {
+        let open = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        for (_, waiting) in open.iter() {
+            waiting.ended.store(true, Ordering::Release);
+            waiting.waker.wake();
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request's answer, or [`Handler::shutting_down`] with `Connection: close` if the drain
+    /// ends first.
+    struct UntilDrainEnd<F, H> {
+        #[pin]
+        answer: F,
+        waiting: Arc<Waiting>,
+        handler: std::marker::PhantomData<fn() -> H>,
+    }
+}
+
+impl<F, H> UntilDrainEnd<F, H> {
+    fn new(answer: F, waiting: Arc<Waiting>) -> Self {
+        UntilDrainEnd {
+            answer,
+            waiting,
+            handler: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<F: Future<Output = Response<Body>>, H: Handler> Future for UntilDrainEnd<F, H> {
+    type Output = Result<Response<Body>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if let Poll::Ready(resp) = this.answer.poll(cx) {
+            return Poll::Ready(Ok(resp));
+        }
+        // Registered before the flag is read: an end between the two still wakes this task.
+        this.waiting.waker.register(cx.waker());
+        if !this.waiting.ended.load(Ordering::Acquire) {
+            return Poll::Pending;
+        }
+        let mut resp = H::shutting_down();
+        resp.headers_mut().insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
+        Poll::Ready(Ok(resp))
     }
 }

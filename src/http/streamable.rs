@@ -913,6 +913,18 @@ impl Handler for Edge {
     ) -> impl Future<Output = Response<Body>> + Send + 'static {
         self.serve(req, peer.ip())
     }
+
+    /// HTTP 503 with JSON-RPC `-32603` (both eras' internal error, as
+    /// [`GatewayError::ShuttingDown`](crate::exchange::GatewayError::ShuttingDown)), no id: the
+    /// request's body may not have been read.
+    fn shutting_down() -> Response<Body> {
+        rpc_error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            None,
+            crate::jsonrpc::INTERNAL_ERROR,
+            "taskgate is shutting down; retry",
+        )
+    }
 }
 
 /// Who the gate admitted, and the `[limits]` slot the request holds (if any) until its
