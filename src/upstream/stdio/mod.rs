@@ -681,7 +681,16 @@ impl Inner {
             Err(reply) => return Ok(reply),
         };
         match kind {
-            Kind::Request => self.call(&conn, msg, session, deadline, era, held).await,
+            Kind::Request => {
+                let out = Outgoing {
+                    msg,
+                    session,
+                    deadline,
+                    era,
+                    held,
+                };
+                self.call(&conn, out, self.timeout).await
+            }
             Kind::Notification => {
                 self.notify(&conn, msg, &session).await?;
                 Ok(McpReply::accepted())
@@ -743,34 +752,21 @@ impl Inner {
     }
 
     /// A request: written under taskgate's id, answered under the caller's (a 2026-07-28
-    /// request's JSON-RPC error with the HTTP status its transport prescribes). `held`: the
-    /// gateway task it is the held call of, named in the child's death ([`ChildGone::held`]).
+    /// request's JSON-RPC error with the HTTP status its transport prescribes), within `budget`
+    /// (`timeout_ms`, or a new child's start-up budget for its first request).
     async fn call(
         self: &Arc<Self>,
         conn: &Arc<Conn>,
-        msg: Message,
-        session: SessionKey,
-        deadline: Deadline,
-        era: Era,
-        held: Option<Arc<str>>,
-    ) -> Result<McpReply, GatewayError> {
-        self.call_within(conn, msg, session, deadline, era, held, self.timeout)
-            .await
-    }
-
-    /// [`Inner::call`] within `budget` (`timeout_ms`, or a new child's start-up budget for
-    /// its first request).
-    #[allow(clippy::too_many_arguments)]
-    async fn call_within(
-        self: &Arc<Self>,
-        conn: &Arc<Conn>,
-        msg: Message,
-        session: SessionKey,
-        deadline: Deadline,
-        era: Era,
-        held: Option<Arc<str>>,
+        out: Outgoing,
         budget: Duration,
     ) -> Result<McpReply, GatewayError> {
+        let Outgoing {
+            msg,
+            session,
+            deadline,
+            era,
+            held,
+        } = out;
         let method = msg.method().unwrap_or_default().to_string();
         // One deadline for the wait for a slot, the write and the answer: a request that got
         // its slot late has what is left of `timeout_ms`, not a whole one more.
@@ -999,8 +995,8 @@ impl Inner {
             }
             (Some(Init::Modern(supported)), id) => Ok(refuse_initialize(&msg, id, &supported)),
             _ => {
-                self.call(&conn, msg, None, deadline, Era::Legacy, None)
-                    .await
+                let out = Outgoing::initialize(msg, deadline);
+                self.call(&conn, out, self.timeout).await
             }
         }
     }
@@ -1053,7 +1049,7 @@ impl Inner {
         let declared = initialize_declares(&msg);
         // A new child's first request: the start-up budget (tester 3 F21: a cold `npx -y`).
         let answer = self
-            .call_within(&conn, msg, None, deadline, Era::Legacy, None, self.startup)
+            .call(&conn, Outgoing::initialize(msg, deadline), self.startup)
             .await;
         let session = match &answer {
             Ok(McpReply {
@@ -1957,6 +1953,33 @@ async fn write_own_request(
     )?;
     conn.write_request(&reg, false).await?;
     Ok(reg)
+}
+
+/// A request on its way to a child ([`Inner::call`]): the message and what its answer is owed
+/// under.
+struct Outgoing {
+    msg: Message,
+    /// The client session it came in (`None`: an `initialize`).
+    session: SessionKey,
+    deadline: Deadline,
+    /// The caller's era: how an error is answered.
+    era: Era,
+    /// The gateway task it is the held call of, named in the child's death ([`ChildGone::held`]).
+    held: Option<Arc<str>>,
+}
+
+impl Outgoing {
+    /// An `initialize` (a shared child's, or a new `per_session` child's first request): under
+    /// no client session yet, an error answered in 2025-11-25 terms.
+    fn initialize(msg: Message, deadline: Deadline) -> Self {
+        Outgoing {
+            msg,
+            session: None,
+            deadline,
+            era: Era::Legacy,
+            held: None,
+        }
+    }
 }
 
 #[cfg(test)]
