@@ -146,9 +146,9 @@ async fn a_cancel_whose_forwarder_died_is_taken_over_by_its_waiter() {
 async fn one_replica(
     pg: &PgCluster,
     dir: &std::path::Path,
-    server: &TaskServer,
+    upstream: &str,
 ) -> (Replica, tokio_postgres::Client) {
-    let mut r = replicas(pg, dir, &server.url(), 1);
+    let mut r = replicas(pg, dir, upstream, 1);
     let (db, conn) = tokio_postgres::connect(&pg.url, tokio_postgres::NoTls)
         .await
         .unwrap();
@@ -181,7 +181,7 @@ async fn a_lapsed_claim_that_sent_nothing_is_forwarded_by_its_waiter() {
     };
     let server = TaskServer::default().await;
     let dir = tempfile::tempdir().unwrap();
-    let (replica, db) = one_replica(&pg, dir.path(), &server).await;
+    let (replica, db) = one_replica(&pg, dir.path(), &server.url()).await;
     let mut c = Client::new(&replica.url());
     c.initialize().await;
     let task = c.create_task("\"c1\"").await;
@@ -225,7 +225,7 @@ async fn a_cancel_after_a_lapsed_claim_reads_the_upstream_first() {
     };
     let server = TaskServer::default().await;
     let dir = tempfile::tempdir().unwrap();
-    let (replica, db) = one_replica(&pg, dir.path(), &server).await;
+    let (replica, db) = one_replica(&pg, dir.path(), &server.url()).await;
     let mut c = Client::new(&replica.url());
     c.initialize().await;
     let task = c.create_task("\"c1\"").await;
@@ -245,5 +245,42 @@ async fn a_cancel_after_a_lapsed_claim_reads_the_upstream_first() {
     assert_eq!(server.count("tasks/cancel"), 0, "nothing sent again");
     assert_eq!(server.count("tasks/get"), 1, "the state was read upstream");
     let v = c.get("\"g1\"", &task).await;
+    assert_eq!(v["result"]["status"], "cancelled", "{v}");
+}
+
+/// 2026-07-28: a waiter on a claim whose replica died after its cancel reached the upstream
+/// takes it over once it lapses, reads the task `cancelled` upstream and answers the ack,
+/// nothing sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2026_waiter_on_a_dead_claim_gets_the_ack() {
+    let test = "a_2026_waiter_on_a_dead_claim_gets_the_ack";
+    let Some(pg) = PgCluster::start(test) else {
+        return;
+    };
+    let (up, state) = modern_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (replica, db) = one_replica(&pg, dir.path(), &up.url()).await;
+    let task = create(&replica.url(), None, "slow_compute").await;
+    state
+        .lock()
+        .unwrap()
+        .tasks
+        .insert(task.clone(), "cancelled".into());
+    let planted = Instant::now();
+    plant_dead_claim(&db, &task, 1500).await;
+
+    let (status, v) = task_call(&replica.url(), None, 7, "tasks/cancel", &task).await;
+    let took = planted.elapsed();
+    assert_eq!(
+        (status, &v["result"]["resultType"]),
+        (200, &Value::from("complete")),
+        "after {took:?}: {v}"
+    );
+    assert!(
+        took < Duration::from_millis(1500) + Duration::from_secs(2),
+        "{took:?}"
+    );
+    assert_eq!(count(&up, "tasks/cancel"), 0, "nothing sent again");
+    let (_, v) = task_call(&replica.url(), None, 8, "tasks/get", &task).await;
     assert_eq!(v["result"]["status"], "cancelled", "{v}");
 }
