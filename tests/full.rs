@@ -14,6 +14,7 @@ mod store_unanswered;
 mod store_unreachable;
 mod tier;
 mod tier_cancel_lease;
+mod tier_cancel_takeover;
 mod tier_final_write;
 mod tier_get_stream;
 mod tier_leases;

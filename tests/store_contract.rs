@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use taskgate::mcp::era::Era;
 use taskgate::mcp::task::TaskStatus;
 use taskgate::store::{
-    cancel_lease, AuditEvent, CancelClaim, Origin, Owner, PgStore, RecordHead, SharedCancelOutcome,
-    SledStore, SlotStore, StoreError, TaskRecord, TaskStore,
+    cancel_lease, AuditEvent, CancelClaim, CancelProgress, Origin, Owner, PgStore, RecordHead,
+    SharedCancelOutcome, SledStore, SlotStore, StoreError, TaskRecord, TaskStore,
 };
 
 /// The cancel claim lease of an upstream with the default `timeout_ms` (30 s).
@@ -384,10 +384,16 @@ async fn postgres_replicas_share_one_truth() {
         b.claim_cancel(&up, "t1", true, LEASE).unwrap(),
         CancelClaim::Wait { generation }
     );
-    assert_eq!(b.cancel_outcome(&up, "t1", generation).unwrap(), None);
+    assert_eq!(
+        b.cancel_outcome(&up, "t1", generation).unwrap(),
+        CancelProgress::InFlight
+    );
     let ack = SharedCancelOutcome::Result(r#"{"resultType":"complete"}"#.into());
     a.finish_cancel(&up, "t1", generation, &ack).unwrap();
-    assert_eq!(b.cancel_outcome(&up, "t1", generation).unwrap(), Some(ack));
+    assert_eq!(
+        b.cancel_outcome(&up, "t1", generation).unwrap(),
+        CancelProgress::Done(ack)
+    );
     assert_eq!(
         b.claim_cancel(&up, "t1", true, LEASE).unwrap(),
         CancelClaim::Acknowledged
@@ -755,24 +761,49 @@ async fn postgres_cancel_lease_follows_the_upstream_timeout() {
         b.claim_cancel(&up, "short", false, short).unwrap(),
         CancelClaim::Wait { generation: 1 }
     );
+    // The waiter sees the claim lapse (a replica killed while forwarding), and takes it over:
+    // the claim says so, since the lapsed one's cancel may have reached the upstream.
     let deadline = Instant::now() + Duration::from_secs(10);
-    let generation = loop {
-        match b.claim_cancel(&up, "short", false, short).unwrap() {
-            CancelClaim::Forward { generation } => break generation,
-            CancelClaim::Wait { .. } => {}
+    loop {
+        match b.cancel_outcome(&up, "short", 1).unwrap() {
+            CancelProgress::Lapsed => break,
+            CancelProgress::InFlight => {}
             other => panic!("{other:?}"),
         }
         assert!(Instant::now() < deadline, "the 300 ms lease never ran out");
         tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    assert_eq!(generation, 2);
+    }
+    assert_eq!(
+        b.claim_cancel(&up, "short", false, short).unwrap(),
+        CancelClaim::TakeOver { generation: 2 }
+    );
     let late = SharedCancelOutcome::Result("{}".into());
     a.finish_cancel(&up, "short", 1, &late).unwrap();
-    assert!(matches!(
+    // The lapsed claim's late outcome is not taken for the new one, whose waiters wait on.
+    assert_eq!(
         a.cancel_outcome(&up, "short", 1).unwrap(),
-        Some(SharedCancelOutcome::Failed(_))
-    ));
-    assert_eq!(b.cancel_outcome(&up, "short", 2).unwrap(), None);
+        CancelProgress::Lapsed
+    );
+    assert_eq!(
+        b.cancel_outcome(&up, "short", 2).unwrap(),
+        CancelProgress::InFlight
+    );
+    // The new claim's outcome reaches the waiters of both.
+    let done = SharedCancelOutcome::Error(r#"{"code":-32602,"message":"x"}"#.into());
+    b.finish_cancel(&up, "short", 2, &done).unwrap();
+    assert_eq!(
+        a.cancel_outcome(&up, "short", 1).unwrap(),
+        CancelProgress::Done(done.clone())
+    );
+    assert_eq!(
+        b.cancel_outcome(&up, "short", 2).unwrap(),
+        CancelProgress::Done(done)
+    );
+    // A claim that ended with an outcome is claimed again as a plain forward.
+    assert_eq!(
+        b.claim_cancel(&up, "short", false, short).unwrap(),
+        CancelClaim::Forward { generation: 3 }
+    );
 }
 
 /// TLS to the database: with `sslmode=require` and `store.ca_file`, the pool's connections are

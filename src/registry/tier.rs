@@ -24,12 +24,13 @@
 //! the rest (a lapsed claim's renewal, outcome and waiters never touch a newer claim).
 //!
 //! The wait polls the store (every 10 ms, growing to 100 ms) until the forwarding replica has
-//! stored its outcome, for at most the claim's lease plus one second; past that deadline the
-//! caller gets `-32603` (the forwarding replica is presumed dead; its claim has expired and the
-//! next `tasks/cancel` claims again).
+//! stored its outcome, or its claim lapsed without one (the forwarding replica died, or could
+//! not renew it: the `cancel` layer then claims again and takes the cancel over, see
+//! `layers::cancel::tier`), for at most the claim's lease plus one second; past that deadline
+//! (a forwarder that keeps its claim renewed but has not answered) the caller gets `-32603`.
 
 use super::Registry;
-use crate::store::{CancelClaim, SharedCancelOutcome, StoreError};
+use crate::store::{CancelClaim, CancelProgress, SharedCancelOutcome, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,7 +61,9 @@ impl Registry {
             .and_then(|claimed| claimed);
         match &claimed {
             Err(e) => self.write_failed(e, "the cancel claim could not be taken"),
-            Ok(CancelClaim::Forward { generation }) if self.store.shared() => {
+            Ok(CancelClaim::Forward { generation } | CancelClaim::TakeOver { generation })
+                if self.store.shared() =>
+            {
                 self.keep_claim(upstream, task_id, *generation, lease)
             }
             Ok(_) => {}
@@ -121,14 +124,16 @@ impl Registry {
     }
 
     /// Waits for the outcome of cancel claim `generation`, forwarded by another replica under
-    /// `lease` (see the module doc for the poll and its deadline).
+    /// `lease` (see the module doc for the poll and its deadline). `None`: the claim lapsed
+    /// without an outcome (its replica died while forwarding) or a newer claim still in flight
+    /// replaced it: the caller claims the cancel again, and takes it over or waits on that one.
     pub async fn await_cancel(
         self: &Arc<Self>,
         upstream: &str,
         task_id: &str,
         generation: i64,
         lease: Duration,
-    ) -> SharedCancelOutcome {
+    ) -> Option<SharedCancelOutcome> {
         let deadline = tokio::time::Instant::now() + lease + Duration::from_secs(1);
         let mut pause = Duration::from_millis(10);
         loop {
@@ -138,20 +143,23 @@ impl Registry {
                 })
                 .await;
             match read {
-                Some(Ok(Some(outcome))) => return outcome,
-                Some(Ok(None)) => {}
+                Some(Ok(CancelProgress::Done(outcome))) => return Some(outcome),
+                Some(Ok(CancelProgress::Lapsed)) => return None,
+                Some(Ok(CancelProgress::InFlight)) => {}
                 Some(Err(e)) => {
                     self.write_failed(&e, "reading a cancel outcome failed");
-                    return SharedCancelOutcome::Failed(format!("task store: {e}"));
+                    return Some(SharedCancelOutcome::Failed(format!("task store: {e}")));
                 }
                 None => {
-                    return SharedCancelOutcome::Failed("the task store read was not run".into())
+                    return Some(SharedCancelOutcome::Failed(
+                        "the task store read was not run".into(),
+                    ))
                 }
             }
             if tokio::time::Instant::now() + pause > deadline {
-                return SharedCancelOutcome::Failed(
+                return Some(SharedCancelOutcome::Failed(
                     "the replica forwarding this tasks/cancel did not answer in time".into(),
-                );
+                ));
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_millis(100));

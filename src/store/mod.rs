@@ -20,7 +20,9 @@ pub use held::{HeldSessionRecord, HeldSessionStore};
 pub use lease::{Adopted, LeaseKind, LeaseStore};
 pub use pg::PgStore;
 pub use record::{recordable_task_id, AuditEvent, Origin, Owner, RecordHead, TaskRecord};
-pub use shared::{cancel_lease, CancelClaim, SharedCancelOutcome, CANCEL_LEASE_MARGIN};
+pub use shared::{
+    cancel_lease, CancelClaim, CancelProgress, SharedCancelOutcome, CANCEL_LEASE_MARGIN,
+};
 pub use sled_store::{CommitObserver, SledStore};
 
 use crate::mcp::task::TaskStatus;
@@ -280,14 +282,16 @@ pub trait TaskStore: HeldSessionStore + Send + Sync + 'static {
         Box::pin(async { Ok(true) })
     }
 
-    /// Shared stores: the outcome of cancel claim `generation`; `None` while it is in flight.
+    /// Shared stores: where cancel claim `generation` stands (see [`CancelProgress`]): in
+    /// flight, lapsed (claim again), or done with its outcome. The default (one process): in
+    /// flight (no process ever waits on another's claim there).
     fn cancel_outcome(
         &self,
         _upstream: &str,
         _task_id: &str,
         _generation: i64,
-    ) -> Result<Option<SharedCancelOutcome>, StoreError> {
-        Ok(None)
+    ) -> Result<CancelProgress, StoreError> {
+        Ok(CancelProgress::InFlight)
     }
 
     /// The right to run the TTL sweep now; `None` when another process holds it. A shared store

@@ -28,6 +28,14 @@ pub enum CancelClaim {
         /// The claim's number for this task (1 for the first cancel).
         generation: i64,
     },
+    /// Another process's claim lapsed without an outcome (it died while forwarding, or its
+    /// renewals did not reach the store): this process forwards now, as claim `generation`,
+    /// and must call [`super::TaskStore::finish_cancel`] like [`CancelClaim::Forward`]'s. The
+    /// lapsed claim's cancel may have reached the upstream: read the task's state there first.
+    TakeOver {
+        /// The claim's number for this task (the lapsed one's plus 1).
+        generation: i64,
+    },
     /// Another process is sending cancel `generation` upstream: wait for its outcome with
     /// [`super::TaskStore::cancel_outcome`].
     Wait {
@@ -41,6 +49,19 @@ pub enum CancelClaim {
     Acknowledged,
 }
 
+/// Where the cancel claim a process waits on stands ([`super::TaskStore::cancel_outcome`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CancelProgress {
+    /// Its forwarding process holds it, within its lease.
+    InFlight,
+    /// It lapsed without an outcome (its process died, or could not renew it), or a newer
+    /// claim that is still in flight replaced it: claim the cancel again
+    /// ([`super::TaskStore::claim_cancel`]).
+    Lapsed,
+    /// Its outcome, or the outcome of the newer claim that took it over.
+    Done(SharedCancelOutcome),
+}
+
 /// The upstream's answer to a forwarded `tasks/cancel`, as other replicas read it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SharedCancelOutcome {
@@ -50,15 +71,20 @@ pub enum SharedCancelOutcome {
     Error(String),
     /// The forwarding replica got no JSON-RPC answer (HTTP error, unreachable): why.
     Failed(String),
+    /// The forwarding replica took over a lapsed claim and found the task terminal upstream
+    /// (with this status) before sending anything: each waiter answers a cancel of a terminal
+    /// task in its own era.
+    Terminal(TaskStatus),
 }
 
 impl SharedCancelOutcome {
-    /// The stored form: one tag byte (`r`, `e`, `f`) and the text.
+    /// The stored form: one tag byte (`r`, `e`, `f`, `t`) and the text (for `t`, the status).
     pub fn encode(&self) -> String {
         match self {
             SharedCancelOutcome::Result(t) => format!("r{t}"),
             SharedCancelOutcome::Error(t) => format!("e{t}"),
             SharedCancelOutcome::Failed(t) => format!("f{t}"),
+            SharedCancelOutcome::Terminal(s) => format!("t{}", s.as_str()),
         }
     }
 
@@ -67,6 +93,10 @@ impl SharedCancelOutcome {
         match s.split_at_checked(1) {
             Some(("r", t)) => SharedCancelOutcome::Result(t.to_string()),
             Some(("e", t)) => SharedCancelOutcome::Error(t.to_string()),
+            Some(("t", t)) => match TaskStatus::parse(t).filter(|s| s.is_terminal()) {
+                Some(s) => SharedCancelOutcome::Terminal(s),
+                None => SharedCancelOutcome::Failed(format!("unknown terminal status {t:?}")),
+            },
             Some((_, t)) => SharedCancelOutcome::Failed(t.to_string()),
             None => SharedCancelOutcome::Failed("empty cancel outcome".into()),
         }
@@ -94,6 +124,8 @@ mod tests {
             SharedCancelOutcome::Result(r#"{"resultType":"complete"}"#.into()),
             SharedCancelOutcome::Error(r#"{"code":-32602,"message":"x"}"#.into()),
             SharedCancelOutcome::Failed("HTTP 502".into()),
+            SharedCancelOutcome::Terminal(TaskStatus::Cancelled),
+            SharedCancelOutcome::Terminal(TaskStatus::Completed),
         ] {
             assert_eq!(SharedCancelOutcome::decode(&o.encode()), o);
         }

@@ -55,8 +55,8 @@ pub use names::redact;
 
 use super::sled_store::{owner_prefix, push_str, read_str, read_u64};
 use super::{
-    AuditEvent, CancelClaim, ListCursor, Owner, SharedCancelOutcome, StoreError, TaskRecord,
-    TaskStore,
+    AuditEvent, CancelClaim, CancelProgress, ListCursor, Owner, SharedCancelOutcome, StoreError,
+    TaskRecord, TaskStore,
 };
 use crate::mcp::task::TaskStatus;
 use bounded::{bounded, Conn};
@@ -600,7 +600,7 @@ impl TaskStore for PgStore {
         upstream: &str,
         task_id: &str,
         generation: i64,
-    ) -> Result<Option<SharedCancelOutcome>, StoreError> {
+    ) -> Result<CancelProgress, StoreError> {
         self.cancel_outcome_now(upstream, task_id, generation)
     }
 

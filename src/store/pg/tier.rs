@@ -13,8 +13,12 @@
 //! lease's margin.
 //! The forwarder stores the outcome with the claim's generation; waiting replicas poll for it
 //! (a bounded poll: the registry's deadline is the lease plus a second). A replica killed while
-//! forwarding stops renewing and leaves a claim that expires with its lease; the next cancel
-//! then claims again.
+//! forwarding stops renewing and leaves a claim that expires with its lease: a waiter's poll
+//! then reads it as lapsed (`CancelProgress::Lapsed`, on the database's clock) and claims again,
+//! as the next cancel does; that claim is a take-over (`CancelClaim::TakeOver`: the row still
+//! names the dead claim's replica), so the taker asks the upstream the task's state before it
+//! forwards anything. A waiter on a lapsed claim that another replica took over and finished
+//! reads that newer claim's outcome.
 //!
 //! **Sweep lease**: a session advisory lock (`pg_try_advisory_lock`) that the replica which gets
 //! it keeps for its whole life, on a connection taken out of the pool (so `pool_size + 1`
@@ -38,7 +42,7 @@
 
 use super::{pg_err, pool_err, PgStore};
 use crate::mcp::task::TaskStatus;
-use crate::store::{CancelClaim, SharedCancelOutcome, StoreError};
+use crate::store::{CancelClaim, CancelProgress, SharedCancelOutcome, StoreError};
 use deadpool_postgres::{ClientWrapper, Object};
 
 use super::DB_NOW_MS;
@@ -121,7 +125,12 @@ impl PgStore {
             .await
             .map_err(pg_err)?;
             tx.commit().await.map_err(pg_err)?;
-            Ok(CancelClaim::Forward { generation: next })
+            // A claim left without an outcome lapsed under its replica (killed while
+            // forwarding): its cancel may have reached the upstream.
+            Ok(match claimed_by {
+                Some(_) => CancelClaim::TakeOver { generation: next },
+                None => CancelClaim::Forward { generation: next },
+            })
         })
     }
 
@@ -179,39 +188,47 @@ impl PgStore {
         .map(|_| ())
     }
 
+    /// See [`crate::store::TaskStore::cancel_outcome`]: the lease compared on the database's
+    /// clock, as the claim compares it.
     pub(super) fn cancel_outcome_now(
         &self,
         upstream: &str,
         task_id: &str,
         generation: i64,
-    ) -> Result<Option<SharedCancelOutcome>, StoreError> {
+    ) -> Result<CancelProgress, StoreError> {
         let (up, id) = (upstream.to_string(), task_id.to_string());
         let row = self.run(move |c| async move {
             c.query_opt(
-                "SELECT cancel_generation, cancel_outcome, cancel_claimed_by \
-                 FROM taskgate_tasks WHERE upstream = $1 AND task_id = $2",
+                &format!(
+                    "SELECT cancel_generation, cancel_outcome, cancel_claimed_by, \
+                     cancel_lease_until, {DB_NOW_MS} \
+                     FROM taskgate_tasks WHERE upstream = $1 AND task_id = $2"
+                ),
                 &[&up, &id],
             )
             .await
             .map_err(pg_err)
         })?;
         let Some(row) = row else {
-            return Ok(Some(SharedCancelOutcome::Failed(
+            return Ok(CancelProgress::Done(SharedCancelOutcome::Failed(
                 "the task was removed while its cancel was in flight".into(),
             )));
         };
         let (now_gen, outcome, claimed): (i64, Option<String>, Option<String>) =
             (row.get(0), row.get(1), row.get(2));
-        Ok(if now_gen != generation {
-            Some(SharedCancelOutcome::Failed(
-                "the replica forwarding the cancel did not finish within its lease".into(),
-            ))
-        } else if claimed.is_none() {
-            Some(SharedCancelOutcome::decode(
+        let (lease_until, now): (Option<i64>, i64) = (row.get(3), row.get(4));
+        Ok(match claimed {
+            // Finished: by the claim waited on, or by a newer one that took it over after it
+            // lapsed (the same cancel, sent by the replica that took it over).
+            None if now_gen >= generation => CancelProgress::Done(SharedCancelOutcome::decode(
                 outcome.as_deref().unwrap_or(""),
-            ))
-        } else {
-            None
+            )),
+            Some(_) if now_gen == generation && lease_until.unwrap_or(0) > now => {
+                CancelProgress::InFlight
+            }
+            // Lapsed, or replaced by a newer claim still in flight: claim again (wait on the
+            // newer one, or take the lapsed one over).
+            _ => CancelProgress::Lapsed,
         })
     }
 
