@@ -683,3 +683,58 @@ async fn a_bridged_calls_spans_link_to_the_2025_clients_creation() {
         );
     }
 }
+
+/// Tester 5 #1: a client's texts are cut in its spans: a 100 KB tool name, string id, `taskId`
+/// and method each keep at most 256 bytes (cut at a character boundary) in the span's name and
+/// attributes, so a few huge requests cannot fill the export queue with megabytes (RSS 940 MB
+/// before) nor make an export body a collector refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_huge_texts_are_cut_in_its_spans() {
+    let rx = receiver().await;
+    let up = TaskServer::default().await;
+    let cfg = TgConfig::new(&up.url());
+    let tail = telemetry_toml(&rx);
+    let tg = Tg::start(|store| cfg.to_toml(store) + &tail).await;
+    let mut c = tg.client();
+    c.initialize().await;
+    // Two-byte characters after one ASCII byte: 256 falls inside one.
+    let huge = format!("x{}", "é".repeat(50_000));
+    let id = "i".repeat(100_000);
+    for body in [
+        json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":huge,"arguments":{}}}),
+        json!({"jsonrpc":"2.0","id":2,"method":"tasks/get","params":{"taskId":huge}}),
+        json!({"jsonrpc":"2.0","id":3,"method":huge,"params":{}}),
+    ] {
+        let _ = c.req(&body.to_string()).send().await;
+    }
+    let all = stop_and_collect(tg, &rx).await;
+    let cut = format!("x{}", "é".repeat(127));
+    assert_eq!(cut.len(), 255);
+    let call = find(&all, SpanKind::Server, &format!("tools/call {cut}"));
+    assert_eq!(
+        call.len(),
+        1,
+        "{:?}",
+        all.iter().map(|(_, s)| s.name.len()).collect::<Vec<_>>()
+    );
+    assert_eq!(attr(call[0], "gen_ai.tool.name"), Some(cut.clone()));
+    assert_eq!(attr(call[0], "jsonrpc.request.id"), Some("i".repeat(256)));
+    let get = find(&all, SpanKind::Server, "tasks/get");
+    assert_eq!(attr(get[0], "mcp.task.id"), Some(cut.clone()));
+    for (_, span) in &all {
+        assert!(span.name.len() <= 11 + 256, "{}", span.name.len());
+        for kv in &span.attributes {
+            let v = kv
+                .value
+                .as_ref()
+                .and_then(|v| v.value.as_ref())
+                .and_then(text);
+            assert!(
+                v.is_none_or(|v| v.len() <= 256),
+                "{} of {}",
+                kv.key,
+                span.name
+            );
+        }
+    }
+}

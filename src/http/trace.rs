@@ -12,8 +12,7 @@ use crate::mcp::classify::Classified;
 use crate::mcp::era::PROTOCOL_VERSION_META;
 use crate::telemetry::propagation::{self, Incoming};
 use crate::telemetry::{
-    protocol_version, semconv, shared_json_name, KeyValue, RequestTrace, RequestValues, Target,
-    Telemetry,
+    protocol_version, semconv, shared_json_name, RequestTrace, RequestValues, Target, Telemetry,
 };
 use http::{HeaderMap, HeaderName, HeaderValue};
 use std::borrow::Cow;
@@ -75,7 +74,7 @@ pub(super) fn start(telemetry: &Telemetry, request: &mut McpRequest) -> Option<R
         let session = request.ctx.client_session_id.as_ref().and_then(text);
         values.set(id.as_deref(), version, session);
         let attributes = match c.task_id() {
-            Some(task_id) => vec![KeyValue::new(semconv::MCP_TASK_ID, task_id.into_owned())],
+            Some(task_id) => vec![crate::telemetry::task_id_attribute(task_id)],
             None => Vec::new(),
         };
         // Its bytes compared with the names kept, not checked as UTF-8 first (issue 34).

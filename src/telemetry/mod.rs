@@ -27,6 +27,11 @@ mod span;
 
 pub use opentelemetry::trace::SpanContext;
 pub use opentelemetry::KeyValue;
+
+/// `mcp.task.id = task_id`, [`span::bounded`] (a client's `taskId` is any string it sends).
+pub fn task_id_attribute(task_id: std::borrow::Cow<'_, str>) -> KeyValue {
+    KeyValue::new(semconv::MCP_TASK_ID, span::bounded_string(task_id))
+}
 pub use span::{protocol_version, shared_json_name, shared_name, Peer, RequestValues, Target};
 
 use crate::config::{check_endpoint, ConfigError, TelemetryConfig};
@@ -480,7 +485,7 @@ impl Telemetry {
     /// [`semconv::EVENT_RESOURCES_RELEASED`]) as a span of its own carrying that event, linked
     /// to the task's creating span `creating` (in its trace, when known).
     pub fn task_fact(&self, event: &'static str, task_id: &str, creating: Option<&SpanContext>) {
-        let attributes = || vec![KeyValue::new(semconv::MCP_TASK_ID, task_id.to_string())];
+        let attributes = || vec![task_id_attribute(task_id.into())];
         let span = self.begin(SpanKind::Internal, creating, |r| {
             r.name = SpanName::Fixed(event);
             r.attributes = attributes();

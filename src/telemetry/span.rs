@@ -53,7 +53,51 @@ pub enum Target {
 /// own was an allocation on the serving thread freed on the export thread (~300 instructions per
 /// small `tools/call`, callgrind, issue 34); a client naming tools at random costs what it did.
 pub fn shared_name(name: &str) -> Arc<str> {
+    let name = bounded(name);
     shared(name.as_bytes(), || Some(name)).unwrap_or_else(|| Arc::from(name))
+}
+
+/// The longest text a span keeps from a request or an answer (a method, a tool's or a prompt's
+/// name, a request id, a session id, a task id), in bytes; a longer one is cut ([`bounded`]).
+/// A span is then at most a few KiB, and the export queue (`batch::QUEUE` spans) a bounded
+/// number of MiB. Tester 5 #1: 4 MB tool names kept whole took a sidecar to 940 MB RSS through
+/// the queue, and made one 24 MiB export body that a collector refused (its default limit is
+/// 20 MiB), losing every other client's spans in it. MCP's tool names are 1–128 characters
+/// (2025-11-25, "Tool names"), its ids and session ids far shorter.
+pub const MAX_TEXT: usize = 256;
+
+/// `text` cut to at most [`MAX_TEXT`] bytes at a character boundary.
+pub fn bounded(text: &str) -> &str {
+    if text.len() <= MAX_TEXT {
+        return text;
+    }
+    let mut end = MAX_TEXT;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.get(..end).unwrap_or_default()
+}
+
+/// [`bounded`] of UTF-8 bytes (not checked here): cut before a continuation byte, never in a
+/// character.
+fn bounded_bytes(text: &[u8]) -> &[u8] {
+    if text.len() <= MAX_TEXT {
+        return text;
+    }
+    let mut end = MAX_TEXT;
+    while end > 0 && text.get(end).is_some_and(|b| b & 0xC0 == 0x80) {
+        end -= 1;
+    }
+    text.get(..end).unwrap_or_default()
+}
+
+/// [`bounded`] of an owned or borrowed text, as a `String` (an owned one within the bound is
+/// moved, not copied).
+pub fn bounded_string(text: Cow<'_, str>) -> String {
+    match text {
+        Cow::Owned(s) if s.len() <= MAX_TEXT => s,
+        text => bounded(&text).to_string(),
+    }
 }
 
 /// [`shared_name`] of `raw`, the raw JSON value of a request's tool or prompt (`params.name`),
@@ -86,7 +130,10 @@ impl<'a> JsonString<'a> {
     /// [`shared_name`] of the string (`None`: not UTF-8).
     pub(super) fn shared(&self) -> Option<Arc<str>> {
         match self {
-            JsonString::Plain(name) => shared(name, || std::str::from_utf8(name).ok()),
+            JsonString::Plain(name) => {
+                let name = bounded_bytes(name);
+                shared(name, || std::str::from_utf8(name).ok())
+            }
             JsonString::Decoded(name) => Some(shared_name(name)),
         }
     }
@@ -171,7 +218,7 @@ impl Peer {
 }
 
 /// `method` as a `'static` string when it is one MCP defines (no allocation per span), else
-/// owned.
+/// owned, [`bounded`].
 pub fn method(method: &str) -> Cow<'static, str> {
     const KNOWN: &[&str] = &[
         "tools/call",
@@ -199,11 +246,11 @@ pub fn method(method: &str) -> Cow<'static, str> {
     ];
     match KNOWN.iter().find(|k| **k == method) {
         Some(known) => Cow::Borrowed(known),
-        None => Cow::Owned(method.to_string()),
+        None => Cow::Owned(bounded(method).to_string()),
     }
 }
 
-/// `version` as a `'static` string when it is a revision of MCP, else owned.
+/// `version` as a `'static` string when it is a revision of MCP, else owned, [`bounded`].
 pub fn protocol_version(version: &str) -> Cow<'static, str> {
     const KNOWN: &[&str] = &[
         "2026-07-28",
@@ -214,7 +261,7 @@ pub fn protocol_version(version: &str) -> Cow<'static, str> {
     ];
     match KNOWN.iter().find(|k| **k == version) {
         Some(known) => Cow::Borrowed(known),
-        None => Cow::Owned(version.to_string()),
+        None => Cow::Owned(bounded(version).to_string()),
     }
 }
 
@@ -267,8 +314,9 @@ impl RequestValues {
         version: Option<Cow<'static, str>>,
         session: Option<&str>,
     ) {
+        let id = id.map(bounded_bytes);
         let id_bytes = id.unwrap_or_default();
-        let session_bytes = session.unwrap_or_default().as_bytes();
+        let session_bytes = bounded(session.unwrap_or_default()).as_bytes();
         let len = id_bytes.len() + session_bytes.len();
         self.text = match len <= INLINE_TEXT {
             // Copied into an array made in place: with `SmallVec::extend_from_slice`'s
@@ -517,5 +565,32 @@ mod text_tests {
             assert_eq!((v.id(), v.session()), (None, Some(session)));
             assert_eq!(v, RequestValues::new(None, None, Some(session)));
         }
+    }
+
+    /// Texts past [`MAX_TEXT`] bytes are cut at a character boundary, in every place a span
+    /// takes one from a request (tester 5 #1); shorter ones are kept as they are.
+    #[test]
+    fn texts_past_the_bound_are_cut_at_a_character_boundary() {
+        let huge = format!("x{}", "é".repeat(1_000));
+        let cut = format!("x{}", "é".repeat(127));
+        assert_eq!((bounded(&huge), bounded("echo")), (cut.as_str(), "echo"));
+        assert_eq!(bounded_bytes(huge.as_bytes()), cut.as_bytes());
+        assert_eq!(&*shared_name(&huge), cut);
+        let raw = format!("\"{huge}\"");
+        assert_eq!(
+            shared_json_name(raw.as_bytes()).as_deref(),
+            Some(cut.as_str())
+        );
+        let escaped = format!("\"\\n{huge}\"");
+        assert_eq!(shared_json_name(escaped.as_bytes()).unwrap().len(), 256);
+        assert_eq!(method(&huge), cut);
+        assert_eq!(protocol_version(&huge), cut);
+        let v = RequestValues::new(Some(&huge), None, Some(&huge));
+        assert_eq!(
+            (v.id(), v.session()),
+            (Some(cut.as_str()), Some(cut.as_str()))
+        );
+        assert_eq!(bounded_string(huge.clone().into()), cut);
+        assert_eq!(bounded_string("t-1".into()), "t-1");
     }
 }

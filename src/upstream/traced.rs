@@ -87,7 +87,7 @@ impl Traced {
         // Made only for a span that is sampled.
         let details = || {
             let attributes = match c.task_id() {
-                Some(task_id) => vec![KeyValue::new(semconv::MCP_TASK_ID, task_id.into_owned())],
+                Some(task_id) => vec![crate::telemetry::task_id_attribute(task_id)],
                 None => Vec::new(),
             };
             // Raw: compared with the SERVER span's tool as bytes (`Telemetry::exchange_span`).

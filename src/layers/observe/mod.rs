@@ -1173,10 +1173,7 @@ impl Watch {
         in_stream: bool,
     ) -> Bytes {
         if let (Some(trace), Some(task_id)) = (trace, &created) {
-            trace.set(crate::telemetry::KeyValue::new(
-                crate::telemetry::semconv::MCP_TASK_ID,
-                task_id.clone(),
-            ));
+            trace.set(crate::telemetry::task_id_attribute(task_id.as_str().into()));
         }
         if created.is_some() {
             self.recorded_its_task
