@@ -536,13 +536,25 @@ impl Telemetry {
                 context.trace_state().clone(),
             )
         });
-        let mut shared = Arc::new(Shared {
+        let make = || Shared {
             context,
             exchange,
             exchange_handles: AtomicUsize::new(0),
             record: Mutex::new(None),
             queue: self.0.queue.clone(),
-        });
+        };
+        // Written into its allocation in place: `Arc::new` built it (~600 bytes with the room
+        // of its record) beside the allocation and copied it in (~88 instructions per traced
+        // request, callgrind, issue 34).
+        let mut uninit = Arc::<Shared>::new_uninit();
+        let mut shared = match Arc::get_mut(&mut uninit) {
+            Some(slot) => {
+                slot.write(make());
+                // SAFETY: written on the line above (the `Arc` is this function's alone).
+                unsafe { uninit.assume_init() }
+            }
+            None => Arc::new(make()),
+        };
         if let Some((context, start)) = own {
             // Written into the new `Arc` in place, then completed there by `details`: built
             // beside it and moved in, the record (~460 bytes) was copied once more (~35
@@ -564,6 +576,7 @@ impl Telemetry {
                     peer: None,
                     // Links and events, which few spans have ([`span::Rare`]).
                     rare: None,
+                    answer: None,
                 });
                 details(record);
             }
@@ -650,9 +663,7 @@ impl Drop for Shared {
             if let Some(e) = record.exchange.as_mut().filter(|e| e.open) {
                 e.end = now;
             }
-            if let Some(rare) = &mut record.rare {
-                rare.answer = None;
-            }
+            record.answer = None;
             self.queue.push(slot);
         }
     }
@@ -800,17 +811,36 @@ impl RequestTrace {
     /// span through its own handle, and `server` is then not read) the outcome of a body that had to be searched
     /// ([`error_type`]) is noted there too, so the SERVER span, ending on the same bytes (no
     /// layer changed them: the common case), reads nothing again (issue 34: searching each
-    /// answer twice cost a small `tools/call` ~1,300 instructions); one read at its ends is
-    /// not noted (reading it again costs less than keeping the bytes). A span not sampled reads
-    /// nothing.
+    /// answer twice cost a small `tools/call` ~1,300 instructions). One read at its ends is
+    /// noted only by the exchange the SERVER span's record holds, under the lock it holds
+    /// anyway; for another exchange reading it again costs less than taking the SERVER span's
+    /// lock to keep the bytes. A span not sampled reads nothing.
     pub fn answer_json(&self, body: &Bytes, status: Option<String>, server: Option<&RequestTrace>) {
+        // Whether it was read at its ends already (and is not a tool result of that shape).
+        let mut ends_read = false;
         let kind = {
-            let record = self.shared.record.lock();
-            match (record.as_ref(), self.part) {
+            let mut record = self.shared.record.lock();
+            match (record.as_mut(), self.part) {
                 (Some(r), Part::Own) if r.open => Some(r.noted(body)),
-                // An exchange's span has no answer noted.
+                // An exchange's span has no answer noted. Read at its ends here, under the
+                // lock already held, the outcome is noted for the record's own SERVER span
+                // while it is open, which then reads the bytes no more when it ends on them
+                // (read twice, ~105 instructions per traced small `tools/call`, callgrind,
+                // issue 34).
                 (Some(r), Part::Exchange) if r.exchange.as_ref().is_some_and(|e| e.open) => {
-                    Some(None)
+                    match tool_result_at_ends(body) {
+                        Some(kind) => {
+                            if r.open {
+                                // Set once (the first exchange's), without dropping a `None`.
+                                r.answer.get_or_insert_with(|| (body.clone(), kind.clone()));
+                            }
+                            Some(Some(kind))
+                        }
+                        None => {
+                            ends_read = true;
+                            Some(None)
+                        }
+                    }
                 }
                 _ => None,
             }
@@ -833,7 +863,7 @@ impl RequestTrace {
         };
         let kind = match kind {
             Some(kind) => kind,
-            None => match tool_result_at_ends(body) {
+            None => match (!ends_read).then(|| tool_result_at_ends(body)).flatten() {
                 // Read at its ends: the SERVER span reads it so too, at less than the cost
                 // of keeping a copy of the answer (an allocation, its reference counts).
                 Some(kind) => kind,
@@ -842,8 +872,7 @@ impl RequestTrace {
                     if let Some(server) = server() {
                         let mut record = server.record.lock();
                         if let Some(record) = record.as_mut().filter(|r| r.open) {
-                            record.rare.get_or_insert_with(Default::default).answer =
-                                Some((body.clone(), kind.clone()));
+                            record.answer = Some((body.clone(), kind.clone()));
                         }
                     }
                     kind
@@ -884,9 +913,7 @@ impl RequestTrace {
                 Part::Own if r.open => {
                     r.open = false;
                     r.end = now_nanos();
-                    if let Some(rare) = &mut r.rare {
-                        rare.answer = None;
-                    }
+                    r.answer = None;
                 }
                 Part::Exchange => match r.exchange.as_mut().filter(|e| e.open) {
                     Some(e) => {

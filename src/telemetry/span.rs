@@ -414,8 +414,14 @@ pub(super) struct Record {
     pub(super) attributes: Vec<KeyValue>,
     /// The upstream's attributes, shared.
     pub(super) peer: Option<Peer>,
-    /// Its links, events and noted answer, which few spans have ([`Rare`]).
+    /// Its links and events, which few spans have ([`Rare`]).
     pub(super) rare: Option<Box<Rare>>,
+    /// The JSON answer whose `error.type` was worked out already (by the CLIENT span of the
+    /// exchange that brought it) and that outcome, kept until the span ends
+    /// (`RequestTrace::answer_json`; a record's own span only). In the record, not in
+    /// [`Rare`]: noted for most traced requests (a tool result read at its ends), its box
+    /// would cost an allocation each (issue 34).
+    pub(super) answer: Option<(Bytes, Option<String>)>,
 }
 
 /// What few spans have, kept apart behind one pointer (issue 34: as three fields of every
@@ -425,22 +431,12 @@ pub(super) struct Record {
 pub(super) struct Rare {
     pub(super) links: Vec<SpanContext>,
     pub(super) events: Vec<Event>,
-    /// The JSON answer whose `error.type` was worked out already (by the CLIENT span of the
-    /// exchange that brought it) and that outcome, kept until the span ends
-    /// (`RequestTrace::answer_json`; a record's own span only).
-    pub(super) answer: Option<(Bytes, Option<String>)>,
 }
 
 impl Rare {
     /// `links` and `events` kept apart, `None` when both are empty.
     pub(super) fn of(links: Vec<SpanContext>, events: Vec<Event>) -> Option<Box<Rare>> {
-        (!links.is_empty() || !events.is_empty()).then(|| {
-            Box::new(Rare {
-                links,
-                events,
-                answer: None,
-            })
-        })
+        (!links.is_empty() || !events.is_empty()).then(|| Box::new(Rare { links, events }))
     }
 }
 
@@ -458,7 +454,7 @@ impl Record {
     /// The `error.type` noted for `body` when it is the very answer noted (the same bytes, not
     /// a copy); `None` when it must be read.
     pub(super) fn noted(&self, body: &Bytes) -> Option<Option<String>> {
-        let (noted, kind) = self.rare.as_ref()?.answer.as_ref()?;
+        let (noted, kind) = self.answer.as_ref()?;
         (noted.as_ptr() == body.as_ptr() && noted.len() == body.len()).then(|| kind.clone())
     }
 

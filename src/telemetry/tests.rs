@@ -365,6 +365,7 @@ fn the_otlp_body_decodes_with_the_generated_types() {
                 0,
             )],
         ),
+        answer: None,
     };
     let resource = opentelemetry_sdk::Resource::builder()
         .with_service_name("svc")
@@ -504,6 +505,7 @@ fn an_answer_is_read_once_for_both_spans() {
                     attributes: Vec::new(),
                     peer: None,
                     rare: None,
+                    answer: None,
                 })),
                 queue: Arc::new(batch::Queue::new(
                     prometheus::IntCounter::new("dropped", "dropped").unwrap(),
@@ -547,6 +549,72 @@ fn an_answer_is_read_once_for_both_spans() {
     let server = open();
     server.answer_json(&tool, None, None);
     assert_eq!(error_type(&server).as_deref(), Some(semconv::TOOL_ERROR));
+}
+
+/// An answer the exchange a SERVER span's record holds reads at its ends (a tool result) is
+/// noted for that SERVER span while it is open, so it ends on the same bytes without reading
+/// them again; other bytes are read; the note is let go when the SERVER span ends; both
+/// spans' `error.type` and the queued record are as without the note (issue 34).
+#[test]
+fn an_answer_read_at_its_ends_is_noted_for_the_records_server_span() {
+    let queue = Arc::new(batch::Queue::new(
+        prometheus::IntCounter::new("dropped", "dropped").unwrap(),
+    ));
+    let telemetry = Telemetry(Arc::new(Inner {
+        root_sampler: RootSampler::new(1.0),
+        ids: Ids,
+        queue: queue.clone(),
+    }));
+    let peer = Peer::new(Vec::new());
+    let error_type = |attributes: &[KeyValue]| {
+        attributes
+            .iter()
+            .find(|a| a.key.as_str() == semconv::ERROR_TYPE)
+            .map(|a| a.value.as_str().into_owned())
+    };
+    let tool =
+        Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"result":{"content":[],"isError":true}}"#);
+    let fine = Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"result":{"isError":false}}"#);
+    // The HTTP status counts only without a JSON-RPC outcome: not for a tool result.
+    for (server_reads, want) in [(&tool, semconv::TOOL_ERROR), (&fine, "502")] {
+        let server = telemetry.request_span("tools/call", Incoming::default(), |_| {
+            (Target::Tool("echo".into()), Vec::new())
+        });
+        let client = telemetry.exchange_span("tools/call", Some(&server), &[], &peer, || {
+            (Some(&br#""echo""#[..]), Vec::new())
+        });
+        assert_eq!(client.server_kept(Some(&server)).map(|_| ()), None);
+        client.answer_json(&tool, None, None);
+        client.finish();
+        {
+            let record = server.shared.record.lock();
+            let r = record.as_ref().unwrap();
+            assert_eq!(
+                r.noted(&tool),
+                Some(Some(semconv::TOOL_ERROR.to_string())),
+                "noted for the very bytes"
+            );
+            assert_eq!(
+                r.noted(&Bytes::copy_from_slice(&tool)),
+                None,
+                "a copy is read"
+            );
+            let exchange = r.exchange.as_ref().unwrap();
+            assert_eq!(
+                error_type(&exchange.attributes).as_deref(),
+                Some(semconv::TOOL_ERROR)
+            );
+        }
+        server.answer_json(server_reads, Some("502".into()), None);
+        server.end();
+        let records = queue.drain();
+        assert_eq!(records.len(), 1);
+        assert_eq!(error_type(&records[0].attributes).as_deref(), Some(want));
+        assert!(
+            records[0].noted(&tool).is_none(),
+            "the note is let go when the SERVER span ends"
+        );
+    }
 }
 
 /// `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT` (else `OTEL_EXPORTER_OTLP_TIMEOUT`, milliseconds) is one
@@ -920,6 +988,7 @@ fn the_encoded_bytes_are_pinned() {
         attributes: Vec::new(),
         peer: Some(peer.clone()),
         rare: None,
+        answer: None,
     };
     let exchange = |span: u64, name: ExchangeName, links: Vec<SpanContext>| Exchange {
         span_id: SpanId::from(span),
