@@ -316,6 +316,9 @@ async fn a_2026_task_lifecycle_takes_its_parent_from_the_header() {
         attr(gets[1], "error.type"),
         Some(unknown["error"]["code"].to_string())
     );
+    // Tester 5 #7a: a span with `error.type` has status ERROR (2), one without none (UNSET).
+    let code = |s: &Span| s.status.as_ref().map_or(0, |st| st.code);
+    assert_eq!((code(gets[0]), code(gets[1])), (0, 2));
     // No parent anywhere: a trace of its own.
     assert!(gets[0].parent_span_id.is_empty());
 }

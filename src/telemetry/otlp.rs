@@ -488,8 +488,11 @@ fn write_span(out: &mut Vec<u8>, r: &View<'_>) {
             keyed(out, &key!(MCP_SESSION_ID), session);
         }
     }
+    let mut failed = false;
     for kv in r.attributes {
-        attribute_field(out, 9, kv.key.as_str(), &kv.value);
+        let key = kv.key.as_str();
+        failed |= key == semconv::ERROR_TYPE;
+        attribute_field(out, 9, key, &kv.value);
     }
     if let Some(peer) = r.peer {
         let peer_attributes = peer.attributes();
@@ -507,6 +510,11 @@ fn write_span(out: &mut Vec<u8>, r: &View<'_>) {
     if let Some(n) = named {
         out.extend_from_slice(&n.bytes[n.method..]);
     }
+    if failed {
+        // `Span.status` (field 15): `Status.code` (field 3) `STATUS_CODE_ERROR` (2), as the
+        // conventions ask of a span with `error.type` (a JSON-RPC error, or `tool_error`).
+        out.extend_from_slice(&ERROR_STATUS);
+    }
     for event in r.events {
         let mut fields = Vec::new();
         fixed64(&mut fields, 1, nanos(event.timestamp));
@@ -522,6 +530,10 @@ fn write_span(out: &mut Vec<u8>, r: &View<'_>) {
         message(out, 13, &fields);
     }
 }
+
+/// `Span.status` (field 15) `{code: STATUS_CODE_ERROR}`: the key, the length, `Status.code`'s
+/// key (field 3, varint) and 2.
+const ERROR_STATUS: [u8; 4] = [(15 << 3) | WireType::LengthDelimited as u8, 2, 3 << 3, 2];
 
 /// The key of `Span.flags` (field 16, fixed32): two bytes.
 const FLAGS_KEY: [u8; 2] = [
