@@ -2227,8 +2227,10 @@ async fn a_5xx_to_an_upgraded_calls_tasks_result_is_asked_again() {
     assert_eq!(up.count("tasks/cancel"), 0);
 }
 
-/// Tester 5 #3, giving up: the upstream stays out of reach past the task's ttl
-/// (`upgrade.ttl_ms` = 1.5 s here). taskgate gives up then: the client gets `-32603` saying
+/// Tester 5 #3, giving up: the upstream stays out of reach until the task's ttl
+/// (`upgrade.ttl_ms` = 1.5 s here). taskgate gives up just before it (150 ms: a tenth of the
+/// ttl, at most 1 s, so that the cancel and the record's end find the record live): the
+/// client gets `-32603` saying
 /// why, a `tasks/cancel` is tried (nothing listens), and the record is `failed` with a
 /// `statusMessage` saying why, so the owner's live-task slot (`max_live_tasks_per_owner = 1`)
 /// is free: once the upstream is back, the client's next call is admitted. Before: the client
@@ -2281,7 +2283,8 @@ async fn an_upgraded_call_whose_upstream_stays_away_is_given_up_and_its_record_f
 }
 
 /// Tester 5 #3, giving up while the upstream answers: every `tasks/result` and `tasks/get` of
-/// the upgraded call is answered 503 until the task's ttl (1.5 s). taskgate gives up then and
+/// the upgraded call is answered 503 until the task's ttl (1.5 s). taskgate gives up just
+/// before it and
 /// sends the one `tasks/cancel`, which the upstream takes: the record ends `cancelled`, and
 /// the client got `-32603` saying why. Before: after five 503s, 100 ms apart, the client got
 /// the error, no cancel was sent, and the record stayed `working`.
