@@ -10,7 +10,7 @@ use crate::jsonrpc::Id;
 use crate::layers::McpService;
 use crate::mcp::capabilities::ClientCapabilities;
 use crate::mcp::errors::McpError;
-use crate::mcp::task::{now_ms, TaskStatus, MAX_POLL, MIN_POLL};
+use crate::mcp::task::{now_ms, remove_related_task, TaskStatus, MAX_POLL, MIN_POLL};
 use crate::metrics::UpgradeOutcome;
 use crate::registry::FinalWriteBackoff;
 use crate::sse::Event;
@@ -626,6 +626,10 @@ impl<S: McpService> Follower<S> {
                         UpgradeOutcome::Completed
                     },
                 );
+                // The client asked for no task: its result names none (tester 5 #8b).
+                if let Some(Value::Object(result)) = v.get_mut("result") {
+                    remove_related_task(result);
+                }
                 let id = serde_json::from_str(self.original_id.as_json()).unwrap_or(Value::Null);
                 v.insert("id".into(), id);
                 self.send(Value::Object(v).to_string()).await;

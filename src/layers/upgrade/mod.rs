@@ -23,7 +23,8 @@
 //!   (with the messages buffered until then), so it can answer; a call that then ends without a
 //!   task gets its answer as the stream's last event.
 //!   The last event is the `tasks/result` answer (a `CallToolResult`, `isError` ones included, or
-//!   the JSON-RPC error) under the client's original id.
+//!   the JSON-RPC error) under the client's original id, its `_meta` without the related-task
+//!   key (the client asked for no task; the rest of `_meta` kept).
 //! - A `tasks/result` that fails while the task is followed (the upstream out of reach for a
 //!   while, a timeout, a 5xx whose body answers no request, a stream closed before the answer)
 //!   is asked again, 100 ms apart doubling up to 5 s (`mcp::task::MIN_POLL`..`MAX_POLL`), until
