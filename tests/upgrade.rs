@@ -34,6 +34,20 @@ fn task_support_of(list: &Value, name: &str) -> Option<String> {
         .map(str::to_string)
 }
 
+/// A `tasks/result` answer's result as an upgraded call's plain client gets it: without the
+/// related-task `_meta` key, and without `_meta` when that was all of it (tester 5 #8b).
+fn as_plain_result(result: &Value) -> Value {
+    let mut result = result.clone();
+    let o = result.as_object_mut().unwrap();
+    if let Some(meta) = o.get_mut("_meta").and_then(Value::as_object_mut) {
+        meta.remove(RELATED);
+        if meta.is_empty() {
+            o.remove("_meta");
+        }
+    }
+    result
+}
+
 // =============================================================================================
 // The upgrade itself
 // =============================================================================================
@@ -84,8 +98,9 @@ async fn required_call_is_sent_as_task_and_answered_under_the_original_id() {
                 .as_bytes(),
         );
         assert_eq!(
-            o.answer["result"], sent["result"],
-            "the payload is tasks/result's, unchanged"
+            o.answer["result"],
+            as_plain_result(&sent["result"]),
+            "the payload is tasks/result's, unchanged but for the related-task key"
         );
         assert_eq!(
             o.answer["result"]["content"][0]["text"],
@@ -485,7 +500,11 @@ async fn is_error_result_passes_unchanged() {
     let task_id = up.only_task();
     let sent = parse_json(up.result_sent(&task_id).unwrap().as_bytes());
     assert_eq!(o.answer["id"], json!("e"));
-    assert_eq!(o.answer["result"], sent["result"], "{o:?}");
+    assert_eq!(
+        o.answer["result"],
+        as_plain_result(&sent["result"]),
+        "{o:?}"
+    );
     assert_eq!(o.answer["result"]["isError"], json!(true));
     let keys: Vec<&String> = o.answer.as_object().unwrap().keys().collect();
     assert_eq!(keys.len(), 3, "jsonrpc, id, result only: {keys:?}");
@@ -2114,4 +2133,243 @@ async fn restart_cancels_an_orphaned_upgraded_task_on_a_2026_upstream() {
     .await;
     assert!(recorded.is_some(), "the orphan's cancel is recorded");
     assert_eq!(state.lock().unwrap().tasks[&task], "cancelled");
+}
+
+// =============================================================================================
+// Tester 5 #3: an upstream out of reach for a while, and a follow that gives up
+// =============================================================================================
+
+/// `taskgate_upstream_errors_total{kind="connect"}`: connections to the upstream refused.
+async fn refused_connections(tg: &Tg) -> f64 {
+    let m = tg.metrics_text().await;
+    metric(&m, "taskgate_upstream_errors_total", &[("kind", "connect")])
+}
+
+/// Tester 5 #3: a blip (every connection to the upstream cut, new ones refused) while an
+/// upgraded call is followed. taskgate asks `tasks/result` again, with backoff, and once the
+/// upstream is back the client gets the task's result, the record ends `completed`, nothing is
+/// cancelled. Before: at the first refused request the client got `-32603 "following the
+/// upgraded task failed: upstream … unreachable"`, and the record stayed `working`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blip_to_the_upstream_while_an_upgraded_call_is_followed_is_ridden_out() {
+    let up = UpServer::start(UpBehaviour {
+        task_ms: None,
+        ..UpBehaviour::default()
+    })
+    .await;
+    let blip = Blip::start(up.up.addr).await;
+    let tg = UgConfig::new(&blip.url()).start().await;
+    let c = client_with(&tg.mcp_url(), json!({})).await;
+    let called = tokio::spawn({
+        let c = c.clone();
+        async move { call(&c, &call_body("1", "research", None), &json!(1)).await }
+    });
+    assert!(up.wait_count("tasks/result", 1, STEP).await);
+    let task_id = up.only_task();
+    blip.down().await;
+    // taskgate finds the upstream out of reach: its tasks/result stream cut, a new exchange
+    // refused.
+    let refused = eventually(STEP, || async {
+        (refused_connections(&tg).await >= 1.0).then_some(())
+    })
+    .await;
+    assert!(refused.is_some(), "taskgate tried the upstream while down");
+    // The task ends upstream meanwhile; then the upstream is back.
+    up.state
+        .lock()
+        .unwrap()
+        .tasks
+        .get_mut(&task_id)
+        .unwrap()
+        .ends_at = Some(Instant::now());
+    blip.up().await;
+    let o = called.await.unwrap();
+    assert_eq!(
+        o.answer["result"]["content"][0]["text"],
+        json!(format!("result of {task_id}")),
+        "the client gets the task's result: {o:?}"
+    );
+    let ended = eventually(STEP, || async {
+        let r = tg.record(&task_id)?;
+        r.status.is_terminal().then_some(r.status)
+    })
+    .await;
+    assert_eq!(ended, Some(TaskStatus::Completed));
+    assert_eq!(up.count("tasks/cancel"), 0, "nothing cancelled");
+    let m = tg.metrics_text().await;
+    assert_eq!(upgraded(&m, "completed"), 1.0);
+    assert_eq!(upgraded(&m, "upstream_error"), 0.0);
+}
+
+/// Tester 5 #3, 5xx: something in front of the upstream answers the upgraded call's
+/// `tasks/result` 503 with a JSON-RPC error for no request (`id: null`) twice, then 502 with an
+/// HTML page three times: taskgate asks again, with backoff, and the client gets the result.
+/// Before: the 503's error was taken for the answer (the client got `-32000`); a body that is
+/// no answer at all was asked again at most 5 times, 100 ms apart, then the call failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_5xx_to_an_upgraded_calls_tasks_result_is_asked_again() {
+    let up = UpServer::start(UpBehaviour {
+        task_ms: Some(0),
+        // Status polls never answer in time: only tasks/result is followed.
+        get_delay: Duration::from_secs(60),
+        hook: Some(Arc::new(|method, _id, _task, n| {
+            if method != "tasks/result" {
+                return None;
+            }
+            match n {
+                1 | 2 => Some(ScriptedResponse::status(
+                    503,
+                    Some("application/json"),
+                    r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32000,"message":"no healthy upstream"}}"#,
+                )),
+                3..=5 => Some(ScriptedResponse::status(
+                    502,
+                    Some("text/html"),
+                    "<html><body>502 Bad Gateway</body></html>",
+                )),
+                _ => None,
+            }
+        })),
+        ..UpBehaviour::default()
+    })
+    .await;
+    let tg = UgConfig::new(&up.url()).start().await;
+    let c = client_with(&tg.mcp_url(), json!({})).await;
+    let o = call(&c, &call_body("1", "research", None), &json!(1)).await;
+    let task_id = up.only_task();
+    assert_eq!(
+        o.answer["result"]["content"][0]["text"],
+        json!(format!("result of {task_id}")),
+        "{o:?}"
+    );
+    assert_eq!(up.count("tasks/result"), 6);
+    assert_eq!(up.count("tasks/cancel"), 0);
+}
+
+/// Tester 5 #3, giving up: the upstream stays out of reach until the task's ttl
+/// (`upgrade.ttl_ms` = 1.5 s here). taskgate gives up just before it (150 ms: a tenth of the
+/// ttl, at most 1 s, so that the cancel and the record's end find the record live): the
+/// client gets `-32603` saying
+/// why, a `tasks/cancel` is tried (nothing listens), and the record is `failed` with a
+/// `statusMessage` saying why, so the owner's live-task slot (`max_live_tasks_per_owner = 1`)
+/// is free: once the upstream is back, the client's next call is admitted. Before: the client
+/// got the error at the first refused request, no cancel was tried, and the record stayed
+/// `working`, holding the slot (the plain client never learned the task id).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgraded_call_whose_upstream_stays_away_is_given_up_and_its_record_failed() {
+    let up = UpServer::start(UpBehaviour {
+        task_ms: Some(300),
+        ..UpBehaviour::default()
+    })
+    .await;
+    let blip = Blip::start(up.up.addr).await;
+    let tg = UgConfig::new(&blip.url())
+        .with("ttl_ms = 1500")
+        .tasks("max_live_tasks_per_owner = 1")
+        .start()
+        .await;
+    let c = client_with(&tg.mcp_url(), json!({})).await;
+    let sse = c.send(call_body("1", "research", None)).await.sse();
+    assert!(up.wait_count("tasks/result", 1, STEP).await);
+    let task_id = up.only_task();
+    blip.down().await;
+    let mut sse = sse;
+    let o = read_to_answer(&mut sse, &json!(1), String::new(), Instant::now()).await;
+    assert_eq!(err_code(&o.answer), -32603, "{o:?}");
+    let message = err_message(&o.answer);
+    assert!(message.contains("unreachable"), "{message}");
+    let failed = eventually(STEP, || async {
+        let r = tg.record(&task_id)?;
+        (r.status == TaskStatus::Failed).then_some(r)
+    })
+    .await;
+    let r = failed.unwrap_or_else(|| {
+        panic!(
+            "the record is failed, not left working: {:?}",
+            tg.record(&task_id).map(|r| r.status)
+        )
+    });
+    let why = r.status_message.clone().unwrap_or_default();
+    assert!(why.contains("unreachable"), "statusMessage says why: {why}");
+    assert!(r.cancel_requested_at.is_some(), "a tasks/cancel was tried");
+    blip.up().await;
+    let o = call(&c, &call_body("2", "research", None), &json!(2)).await;
+    assert!(
+        o.answer.get("result").is_some(),
+        "the owner's slot is free again: {:?}",
+        o.answer
+    );
+}
+
+/// Tester 5 #3, giving up while the upstream answers: every `tasks/result` and `tasks/get` of
+/// the upgraded call is answered 503 until the task's ttl (1.5 s). taskgate gives up just
+/// before it and
+/// sends the one `tasks/cancel`, which the upstream takes: the record ends `cancelled`, and
+/// the client got `-32603` saying why. Before: after five 503s, 100 ms apart, the client got
+/// the error, no cancel was sent, and the record stayed `working`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgraded_call_given_up_on_5xx_is_cancelled_once() {
+    let up = UpServer::start(UpBehaviour {
+        task_ms: None,
+        hook: Some(Arc::new(|method, _id, _task, _n| {
+            matches!(method, "tasks/result" | "tasks/get")
+                .then(|| ScriptedResponse::status(503, Some("text/plain"), "upstream overloaded"))
+        })),
+        ..UpBehaviour::default()
+    })
+    .await;
+    let tg = UgConfig::new(&up.url()).with("ttl_ms = 1500").start().await;
+    let c = client_with(&tg.mcp_url(), json!({})).await;
+    let o = call(&c, &call_body("1", "research", None), &json!(1)).await;
+    let task_id = up.only_task();
+    assert_eq!(err_code(&o.answer), -32603, "{o:?}");
+    let message = err_message(&o.answer);
+    assert!(message.contains("503"), "{message}");
+    let ended = eventually(STEP, || async {
+        let r = tg.record(&task_id)?;
+        r.status.is_terminal().then_some(r.status)
+    })
+    .await;
+    assert_eq!(
+        ended,
+        Some(TaskStatus::Cancelled),
+        "cancelled upstream, not left working"
+    );
+    assert_eq!(up.count("tasks/cancel"), 1);
+    assert_eq!(up.status(&task_id), "cancelled");
+    let m = tg.metrics_text().await;
+    assert_eq!(upgraded(&m, "upstream_error"), 1.0);
+}
+
+/// Tester 5 #8b: the result a plain client gets for an upgraded call names no task: the
+/// `_meta["io.modelcontextprotocol/related-task"]` of the `tasks/result` answer (2025-11-25
+/// puts it there) is removed, the rest of `_meta` and the result kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgraded_calls_result_names_no_task() {
+    let up = UpServer::start(UpBehaviour {
+        hook: Some(Arc::new(|method, id, task, _n| {
+            (method == "tasks/result").then(|| {
+                let result = json!({
+                    "content": [{"type": "text", "text": "done"}],
+                    "structuredContent": {"n": 1},
+                    "_meta": {RELATED: {"taskId": task}, "x-kept": {"a": 1}},
+                });
+                ScriptedResponse::json(rpc_result(id, &result.to_string()))
+            })
+        })),
+        ..UpBehaviour::default()
+    })
+    .await;
+    let tg = UgConfig::new(&up.url()).start().await;
+    let c = client_with(&tg.mcp_url(), json!({})).await;
+    let o = call(&c, &call_body("1", "research", None), &json!(1)).await;
+    assert_eq!(
+        o.answer["result"],
+        json!({
+            "content": [{"type": "text", "text": "done"}],
+            "structuredContent": {"n": 1},
+            "_meta": {"x-kept": {"a": 1}},
+        }),
+        "{o:?}"
+    );
 }

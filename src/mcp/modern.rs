@@ -67,12 +67,7 @@ pub fn complete_result(result: &Value) -> Value {
     };
     let mut o = o.clone();
     o.entry("resultType").or_insert_with(|| json!("complete"));
-    if let Some(Value::Object(meta)) = o.get_mut("_meta") {
-        meta.remove(RELATED_TASK_META);
-        if meta.is_empty() {
-            o.remove("_meta");
-        }
-    }
+    crate::mcp::task::remove_related_task(&mut o);
     Value::Object(o)
 }
 

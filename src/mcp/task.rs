@@ -21,6 +21,18 @@ pub fn set_related_task(object: &mut serde_json::Map<String, serde_json::Value>,
     }
 }
 
+/// Removes `_meta["io.modelcontextprotocol/related-task"]` from the result or params `object`,
+/// and `_meta` with it when it is left empty: a message for a party that asked for no task (an
+/// upgraded call's plain client) or knows no such key (2026-07-28).
+pub fn remove_related_task(object: &mut serde_json::Map<String, serde_json::Value>) {
+    if let Some(serde_json::Value::Object(meta)) = object.get_mut("_meta") {
+        meta.remove(RELATED_TASK_META);
+        if meta.is_empty() {
+            object.remove("_meta");
+        }
+    }
+}
+
 /// `TaskStatus`: `working | input_required | completed | failed | cancelled`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -9,11 +9,13 @@
 //!   real binary ([`TaskgateProcess`]).
 //! - [`client`]: [`Req`] / [`Resp`] / [`SseReader`] and the JSON-RPC [`Client`].
 //! - [`metrics`]: admin API and `/metrics` readers.
+//! - [`blip`]: [`Blip`], a TCP proxy whose upstream a test makes unreachable for a while.
 //! - Here: timing constants, [`free_port`], [`eventually`].
 // Each test crate uses a different part of the harness.
 #![allow(dead_code)]
 
 pub mod balancer;
+pub mod blip;
 pub mod client;
 pub mod fake_upstream;
 pub mod harness;
@@ -28,6 +30,7 @@ pub mod tier;
 #[allow(unused_imports)]
 pub use {
     balancer::*,
+    blip::*,
     client::*,
     fake_upstream::*,
     harness::*,

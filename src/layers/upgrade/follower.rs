@@ -5,12 +5,12 @@ use super::progress::next_progress;
 use super::requests::{internal_request, send_tasks_cancel};
 use super::{TokenKey, UpgradeState, RELAY_CAPACITY};
 use crate::config::OnDisconnect;
-use crate::exchange::{CallKey, RequestContext};
+use crate::exchange::{CallKey, GatewayError, RequestContext};
 use crate::jsonrpc::Id;
 use crate::layers::McpService;
 use crate::mcp::capabilities::ClientCapabilities;
 use crate::mcp::errors::McpError;
-use crate::mcp::task::{now_ms, TaskStatus};
+use crate::mcp::task::{now_ms, remove_related_task, TaskStatus, MAX_POLL, MIN_POLL};
 use crate::metrics::UpgradeOutcome;
 use crate::registry::FinalWriteBackoff;
 use crate::sse::Event;
@@ -26,6 +26,11 @@ use tower::ServiceExt;
 
 /// A pending `tasks/get` poll (see [`poll_status`]).
 type PollFut = Pin<Box<dyn Future<Output = Option<(String, String)>> + Send>>;
+
+/// A `tasks/result` exchange that stayed open this long before it ended without an answer (a
+/// server that closes its stream now and then, SSE polling) is no failure in a row: the wait
+/// before the next one starts again from [`MIN_POLL`].
+const HELD_OPEN: Duration = Duration::from_secs(1);
 
 /// Follows one upgraded task to its end and writes to the client's stream.
 pub(super) struct Follower<S> {
@@ -67,7 +72,24 @@ enum End {
     NeedsCapability(&'static str, &'static str),
     ClientCancelled,
     Disconnected,
+    /// taskgate is shutting down: the client gets the error, the record stays as it is.
     Failed(String),
+    /// Following gave up (why): the upstream stayed out of reach, timed out or answered 5xx
+    /// until the task's ttl, or failed in a way that asking again does not mend. The client
+    /// gets the error, the task is cancelled upstream and recorded failed ([`Terminal::GaveUp`]).
+    GaveUp(String),
+}
+
+/// What one `tasks/result` exchange came to ([`Follower::result_once`]).
+enum Asked {
+    Answer(Value),
+    /// A failure that may pass (why): the upstream out of reach, a timeout, a 5xx, a stream
+    /// closed before the answer.
+    Again(String),
+    /// A failure that asking again does not mend (why).
+    GiveUp(String),
+    /// taskgate is shutting down (why).
+    Stopping(String),
 }
 
 impl<S: McpService> Follower<S> {
@@ -139,37 +161,106 @@ impl<S: McpService> Follower<S> {
         let _ = self.tx.send(ev).await;
     }
 
-    /// Asks `tasks/result` until it answers (a server may close the stream before the answer,
-    /// as SSE polling does: ask again, a few times, as a reconnecting client would); what the
-    /// upstream sends before the answer goes to `relay`.
+    /// Asks `tasks/result` until it answers; what the upstream sends before the answer goes to
+    /// `relay`. A failure that may pass ([`Asked::Again`]: the upstream out of reach for a
+    /// while, a restart or a network blip; a timeout; a 5xx, a proxy's; a stream closed before
+    /// the answer, as SSE polling does) is asked again, as a reconnecting client would, after
+    /// [`MIN_POLL`] doubling up to [`MAX_POLL`] (from [`MIN_POLL`] again after an exchange
+    /// held open [`HELD_OPEN`]), until just before the task's ttl ([`give_up_at`], read at the
+    /// first failure): then, or at once on a failure that asking again does not mend,
+    /// [`End::GaveUp`]. taskgate shutting down: [`End::Failed`].
     async fn ask_result(
         inner: S,
         state: Arc<UpgradeState>,
         ctx: RequestContext,
         task_id: String,
         relay: mpsc::Sender<Event>,
-        attempts: usize,
+        started: std::time::Instant,
     ) -> End {
-        for _ in 0..attempts {
-            let result_id = state.next_id();
-            let result_req = internal_request(
-                &ctx,
-                &result_id,
-                "tasks/result",
-                serde_json::json!({ "taskId": task_id }),
-            );
-            let reply = match inner.clone().oneshot(result_req).await {
-                Ok(r) => r,
-                Err(e) => return End::Failed(e.to_string()),
+        let mut wait = MIN_POLL;
+        let mut until = None;
+        let mut tries = 0u32;
+        loop {
+            tries += 1;
+            let asked = tokio::time::Instant::now();
+            let failure = match Self::result_once(&inner, &state, &ctx, &task_id, &relay).await {
+                Asked::Answer(v) => return End::Answer(v),
+                Asked::Again(why) => why,
+                Asked::GiveUp(why) => return End::GaveUp(why),
+                Asked::Stopping(why) => return End::Failed(why),
             };
-            if let Some(v) = answer_of(reply, &result_id, Others::Relay(&relay)).await {
-                return End::Answer(v);
+            if asked.elapsed() >= HELD_OPEN {
+                wait = MIN_POLL;
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            let until = match until {
+                Some(until) => until,
+                None => *until.insert(give_up_at(&state, &ctx.upstream, &task_id, started).await),
+            };
+            let now = tokio::time::Instant::now();
+            if now < until {
+                tracing::debug!(task_id, tries, error = %failure, "an upgraded task's tasks/result failed: asked again");
+                tokio::time::sleep(wait.min(until - now)).await;
+                wait = (wait * 2).min(MAX_POLL);
+            }
+            if tokio::time::Instant::now() >= until {
+                return End::GaveUp(format!(
+                    "{failure} (tasks/result asked {tries} times, until the task's ttl)"
+                ));
+            }
         }
-        End::Failed(format!(
-            "the tasks/result stream ended without an answer, {attempts} times"
-        ))
+    }
+
+    /// One `tasks/result` (see [`Self::ask_result`]). A 5xx's body is the answer only when it
+    /// names this request (a proxy's error names none, or `null`); a 2xx, a 408 or a 429
+    /// without an answer may pass; another status without one does not.
+    async fn result_once(
+        inner: &S,
+        state: &UpgradeState,
+        ctx: &RequestContext,
+        task_id: &str,
+        relay: &mpsc::Sender<Event>,
+    ) -> Asked {
+        let id = state.next_id();
+        let req = internal_request(
+            ctx,
+            &id,
+            "tasks/result",
+            serde_json::json!({ "taskId": task_id }),
+        );
+        let reply = match inner.clone().oneshot(req).await {
+            Ok(r) => r,
+            Err(
+                e @ (GatewayError::UpstreamUnreachable { .. }
+                | GatewayError::UpstreamTimeout { .. }),
+            ) => return Asked::Again(e.to_string()),
+            Err(e @ GatewayError::ShuttingDown) => return Asked::Stopping(e.to_string()),
+            Err(e) => return Asked::GiveUp(e.to_string()),
+        };
+        let status = reply.status;
+        let answer = answer_of(reply, &id, Others::Relay(relay)).await;
+        let names_this = |v: &Value| {
+            serde_json::from_str::<Value>(id.as_json()).is_ok_and(|id| v.get("id") == Some(&id))
+        };
+        match answer {
+            Some(v) if !status.is_server_error() || names_this(&v) => Asked::Answer(v),
+            _ if status.is_success() => {
+                Asked::Again("the tasks/result stream ended without an answer".into())
+            }
+            _ => {
+                let why = format!(
+                    "upstream `{}` answered tasks/result with HTTP {status}",
+                    ctx.upstream
+                );
+                let may_pass = status.is_server_error()
+                    || status == http::StatusCode::TOO_MANY_REQUESTS
+                    || status == http::StatusCode::REQUEST_TIMEOUT;
+                if may_pass {
+                    Asked::Again(why)
+                } else {
+                    Asked::GiveUp(why)
+                }
+            }
+        }
     }
 
     /// Follows the task to its end ([`Self::follow`]), then answers the client and counts the
@@ -211,11 +302,16 @@ impl<S: McpService> Follower<S> {
         if let Some(created) = &self.created {
             self.progress(status_text(created)).await;
         }
-        let end = self.follow(cancel_rx, &relay_tx, &mut relay_rx).await;
-        let end = self.confirm_terminal(end, &relay_tx).await;
+        let end = self
+            .follow(cancel_rx, &relay_tx, &mut relay_rx, started)
+            .await;
+        let end = self.confirm_terminal(end, &relay_tx, started).await;
         drop(relay_tx);
         self.forget();
-        if matches!(end, End::Answer(_) | End::Failed(_) | End::Terminal(..)) {
+        if matches!(
+            end,
+            End::Answer(_) | End::Failed(_) | End::GaveUp(_) | End::Terminal(..)
+        ) {
             // What the upstream sent before its answer goes out before the answer.
             while let Ok(ev) = relay_rx.try_recv() {
                 self.relay_other(ev).await;
@@ -246,22 +342,33 @@ impl<S: McpService> Follower<S> {
         }
         let registry = &self.state.registry;
         let refused = self.write_failures() != failures_before;
+        let Some(terminal) = terminal else { return };
+        let gave_up = matches!(terminal, Terminal::GaveUp(_));
         // Only a shared store refuses a write for a while (a PostgreSQL outage); sled's refusal
-        // (a full disk) is no reason to hold the call.
-        if let (Some(terminal), true, true) = (terminal, refused, registry.store().shared()) {
-            let (state, upstream, task_id) = (
-                self.state.clone(),
-                self.ctx.upstream.clone(),
-                self.task_id.clone(),
-            );
-            // The client's stream ends now (`self.tx` is its only sender: held through the
-            // retry, it kept the principal's in-flight slot and the client waiting; review).
-            drop(self);
-            // The lease (`lease`) stays held until the record is terminal; a graceful stop's
-            // drain waits for this (`UpgradeState::final_writes_ended`).
-            let retry = record_terminal(&state, &upstream, &task_id, terminal, started);
-            state.final_writes.track_future(retry).await;
+        // (a full disk) is no reason to hold the call. A call given up on is written here, its
+        // end seen by nothing below.
+        if !(gave_up || refused && registry.store().shared()) {
+            return;
         }
+        let (state, inner, ctx, task_id) = (
+            self.state.clone(),
+            self.inner.clone(),
+            self.ctx.clone(),
+            self.task_id.clone(),
+        );
+        // The client's stream ends now (`self.tx` is its only sender: held through the retry,
+        // it kept the principal's in-flight slot and the client waiting; review).
+        drop(self);
+        if gave_up {
+            // The task's one tasks/cancel, best effort, as for a client gone with
+            // `on_client_disconnect = "cancel"` (the `cancel` layer records it; a task it
+            // cancels is `cancelled`, and `record_terminal` leaves it so).
+            send_tasks_cancel(&*inner, &state, &ctx, &task_id).await;
+        }
+        // The lease (`lease`) stays held until the record is terminal; a graceful stop's
+        // drain waits for this (`UpgradeState::final_writes_ended`).
+        let write = record_terminal(&state, &ctx.upstream, &task_id, terminal, started);
+        state.final_writes.track_future(write).await;
     }
 
     /// `taskgate_store_write_failures_total` now.
@@ -306,16 +413,8 @@ impl<S: McpService> Follower<S> {
     /// ttl nothing is polled nor written: the record is left to the registry (expired, swept),
     /// as for a task nobody follows (L7).
     async fn poll_to_end(&self, started: std::time::Instant) -> Option<(Terminal, u64)> {
-        let mut until = tokio::time::Instant::from_std(started)
-            + Duration::from_millis(self.state.config.ttl_ms);
+        let until = ttl_end(&self.state, &self.ctx.upstream, &self.task_id, started).await;
         let registry = &self.state.registry;
-        if let Ok(Some(r)) = registry
-            .try_record_of(&self.ctx.upstream, &self.task_id)
-            .await
-        {
-            let left = Duration::from_millis(r.expires_at.saturating_sub(now_ms()));
-            until = until.min(tokio::time::Instant::now() + left);
-        }
         let mut ticker = tokio::time::interval(self.poll);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -384,6 +483,7 @@ impl<S: McpService> Follower<S> {
         mut cancel_rx: oneshot::Receiver<()>,
         relay_tx: &mpsc::Sender<Event>,
         relay_rx: &mut mpsc::Receiver<Event>,
+        started: std::time::Instant,
     ) -> End {
         // Given up when the loop ends.
         let mut result_fut = Box::pin(Self::ask_result(
@@ -392,7 +492,7 @@ impl<S: McpService> Follower<S> {
             self.ctx.clone(),
             self.task_id.clone(),
             relay_tx.clone(),
-            5,
+            started,
         ));
         let mut ticker = tokio::time::interval(self.poll);
         // A tick missed while a slow `tasks/get` was out is not made up for: the next poll goes
@@ -465,9 +565,15 @@ impl<S: McpService> Follower<S> {
         ended
     }
 
-    /// After a terminal poll, asks `tasks/result` once more, bounded: the task has ended, so its
-    /// result is there or never. Other ends are returned as they are.
-    async fn confirm_terminal(&self, end: End, relay_tx: &mpsc::Sender<Event>) -> End {
+    /// After a terminal poll, asks `tasks/result` once more (again after a failure that may
+    /// pass), bounded by the upstream's `timeout_ms`: the task has ended, so its result is there
+    /// or never. Other ends are returned as they are.
+    async fn confirm_terminal(
+        &self,
+        end: End,
+        relay_tx: &mpsc::Sender<Event>,
+        started: std::time::Instant,
+    ) -> End {
         let End::Terminal(status, message) = end else {
             return end;
         };
@@ -478,7 +584,7 @@ impl<S: McpService> Follower<S> {
             self.ctx.clone(),
             self.task_id.clone(),
             relay_tx.clone(),
-            1,
+            started,
         );
         let deadline = self.state.result_deadline();
         match tokio::time::timeout(deadline, again).await {
@@ -520,6 +626,10 @@ impl<S: McpService> Follower<S> {
                         UpgradeOutcome::Completed
                     },
                 );
+                // The client asked for no task: its result names none (tester 5 #8b).
+                if let Some(Value::Object(result)) = v.get_mut("result") {
+                    remove_related_task(result);
+                }
                 let id = serde_json::from_str(self.original_id.as_json()).unwrap_or(Value::Null);
                 v.insert("id".into(), id);
                 self.send(Value::Object(v).to_string()).await;
@@ -565,6 +675,14 @@ impl<S: McpService> Follower<S> {
                 self.send_error(McpError::UpgradeFollowFailed { detail: why })
                     .await;
             }
+            End::GaveUp(why) => {
+                // The cancel and the record's end follow once the client's stream has ended
+                // (`run`).
+                self.state.count(upstream, UpgradeOutcome::UpstreamError);
+                let detail = format!("{why}; taskgate gave up on the task and cancels it");
+                self.send_error(McpError::UpgradeFollowFailed { detail })
+                    .await;
+            }
         }
     }
 
@@ -597,6 +715,11 @@ enum Terminal {
     Payload { failed: bool },
     /// A `tasks/get` poll said the task ended so.
     Status(TaskStatus),
+    /// Following gave up (why, [`End::GaveUp`]): after the task's `tasks/cancel` (best
+    /// effort), a record that is not terminal becomes `failed` with a `statusMessage` saying
+    /// why, which frees its owner's live-task slot (the plain client never learned the task id
+    /// and cannot cancel it).
+    GaveUp(String),
 }
 
 /// The end the record must hold after `end`: `None` for an end that says nothing of the
@@ -611,6 +734,7 @@ fn terminal_of(end: &End) -> Option<Terminal> {
         End::Terminal(status, _) => TaskStatus::parse(status)
             .filter(|s| s.is_terminal())
             .map(Terminal::Status),
+        End::GaveUp(why) => Some(Terminal::GaveUp(why.clone())),
         _ => None,
     }
 }
@@ -656,6 +780,43 @@ pub(super) async fn poll_status<S: McpService>(
     ))
 }
 
+/// When following `task_id` ends at the latest: its ttl, `upgrade.ttl_ms` from `started` (the
+/// call's start), or the record's `expires_at` when sooner (one read of the record).
+async fn ttl_end(
+    state: &UpgradeState,
+    upstream: &str,
+    task_id: &str,
+    started: std::time::Instant,
+) -> tokio::time::Instant {
+    let until =
+        tokio::time::Instant::from_std(started) + Duration::from_millis(state.config.ttl_ms);
+    match state.registry.try_record_of(upstream, task_id).await {
+        Ok(Some(r)) => {
+            let left = Duration::from_millis(r.expires_at.saturating_sub(now_ms()));
+            until.min(tokio::time::Instant::now() + left)
+        }
+        _ => until,
+    }
+}
+
+/// How long before the task's ttl asking `tasks/result` again gives up (at most a tenth of the
+/// time from the call's start to its ttl): the task's `tasks/cancel` and its record's `failed`
+/// must find the record live (taskgate itself answers `-32602` about an expired one).
+const GIVE_UP_BEFORE_TTL: Duration = Duration::from_secs(1);
+
+/// When [`Follower::ask_result`] gives up: [`GIVE_UP_BEFORE_TTL`] before the task's ttl
+/// ([`ttl_end`]), at most a tenth of the time from `started` (the call's start) to it.
+async fn give_up_at(
+    state: &UpgradeState,
+    upstream: &str,
+    task_id: &str,
+    started: std::time::Instant,
+) -> tokio::time::Instant {
+    let ttl = ttl_end(state, upstream, task_id, started).await;
+    let span = ttl.saturating_duration_since(tokio::time::Instant::from_std(started));
+    ttl - GIVE_UP_BEFORE_TTL.min(span / 10)
+}
+
 /// Makes sure the record holds the end the client was answered with ([`Follower::run`], once
 /// the client's stream has ended): `observe` wrote it
 /// as the upstream's answer passed, but a task store out of reach then (a PostgreSQL
@@ -667,6 +828,9 @@ pub(super) async fn poll_status<S: McpService>(
 /// (`upgrade.ttl_ms` from `started`, or the record's) ends, or taskgate stops. The call's
 /// lease stays held meanwhile (the caller's), so no other replica adopts the call.
 /// Each refused write is counted in `taskgate_store_write_failures_total` (the registry).
+/// A call given up on ([`Terminal::GaveUp`]) is first written here (nothing below saw its
+/// end), even when its ttl has just passed (often what ended it): `failed`, unless its
+/// `tasks/cancel` ended it.
 async fn record_terminal(
     state: &UpgradeState,
     upstream: &str,
@@ -678,17 +842,21 @@ async fn record_terminal(
     let until = started + Duration::from_millis(state.config.ttl_ms);
     let mut backoff = FinalWriteBackoff::default();
     let mut tries = 0u32;
+    let gave_up = matches!(terminal, Terminal::GaveUp(_));
     loop {
+        let first_of_given_up = gave_up && tries == 0;
         match registry.try_record_of(upstream, task_id).await {
             Ok(None) => return,
-            Ok(Some(r)) if r.status.is_terminal() || now_ms() >= r.expires_at => {
-                if tries > 0 {
+            Ok(Some(r))
+                if r.status.is_terminal() || (now_ms() >= r.expires_at && !first_of_given_up) =>
+            {
+                if tries > 0 && !(gave_up && tries == 1) {
                     tracing::info!(upstream, task_id, tries, status = r.status.as_str(), "an upgraded call's final status was written after the task store came back");
                 }
                 return;
             }
             Ok(Some(_)) => {
-                if tries == 0 {
+                if tries == 0 && !gave_up {
                     tracing::warn!(upstream, task_id, "an upgraded call ended but its record is not terminal (the task store refused the write): written again until the store takes it; its lease is kept meanwhile");
                 }
                 tries += 1;
@@ -704,9 +872,27 @@ async fn record_terminal(
                             .observe_task_as(upstream, task_id, report, "upgraded call")
                             .await;
                     }
+                    Terminal::GaveUp(why) => {
+                        let report = serde_json::json!({
+                            "status": TaskStatus::Failed.as_str(),
+                            "statusMessage": format!("taskgate gave up following this upgraded call: {why}"),
+                        });
+                        registry
+                            .observe_task_as(upstream, task_id, report, "upgraded call")
+                            .await;
+                    }
                 }
                 // Read again at once: the write just made is seen, or the store failed.
                 if let Ok(Some(r)) = registry.try_record_of(upstream, task_id).await {
+                    if r.status.is_terminal() && gave_up && tries == 1 {
+                        tracing::info!(
+                            upstream,
+                            task_id,
+                            status = r.status.as_str(),
+                            "taskgate gave up following an upgraded call: its record is ended"
+                        );
+                        return;
+                    }
                     if r.status.is_terminal() {
                         tracing::info!(upstream, task_id, tries, status = r.status.as_str(), "an upgraded call's final status was written after the task store came back");
                         return;

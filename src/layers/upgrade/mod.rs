@@ -23,7 +23,20 @@
 //!   (with the messages buffered until then), so it can answer; a call that then ends without a
 //!   task gets its answer as the stream's last event.
 //!   The last event is the `tasks/result` answer (a `CallToolResult`, `isError` ones included, or
-//!   the JSON-RPC error) under the client's original id.
+//!   the JSON-RPC error) under the client's original id, its `_meta` without the related-task
+//!   key (the client asked for no task; the rest of `_meta` kept).
+//! - A `tasks/result` that fails while the task is followed (the upstream out of reach for a
+//!   while, a timeout, a 5xx whose body answers no request, a stream closed before the answer)
+//!   is asked again, 100 ms apart doubling up to 5 s (`mcp::task::MIN_POLL`..`MAX_POLL`), until
+//!   just before the task's ttl (`upgrade.ttl_ms` from the call, or the record's when sooner;
+//!   `follower::give_up_at`); the `tasks/get` polls go on meanwhile (a failed one is skipped).
+//!   Then, or at once on a failure that asking again does not mend (the upstream refused the
+//!   request, an invalid answer, another 4xx), taskgate gives up: the client gets `-32603`
+//!   saying why (`outcome="upstream_error"`), the task's one `tasks/cancel` is sent, best effort,
+//!   as for a client gone with `on_client_disconnect = "cancel"`, and a record that did not end
+//!   with it becomes `failed` with a `statusMessage` saying why, as the kept follower's final
+//!   write does (`follower::record_terminal`), so it stops holding one of its owner's
+//!   `tasks.max_live_tasks_per_owner` slots (the plain client never learned the task id).
 //! - a plain `tools/call` the upstream answers `-32021` naming the tasks extension (a 2026-07-28
 //!   server behind the `bridge` layer, whose session then declares `tasks.requests.tools.call`):
 //!   sent again with `params.task` like a `required` tool's (only the answer's JSON body or first
