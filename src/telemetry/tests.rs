@@ -1081,7 +1081,8 @@ fn the_encoded_bytes_are_pinned() {
     // generated types, the body is byte for byte the one pinned before (fields in order).
     assert_eq!(
         (body.len(), fnv(&body)),
-        (23_348, 4_926_676_165_613_283_199),
+        // 12 bytes more since the three spans with `error.type` have status ERROR (tester 5 #7a).
+        (23_360, 9_478_940_217_123_543_185),
         "the encoded bytes changed"
     );
     {
@@ -1091,7 +1092,7 @@ fn the_encoded_bytes_are_pinned() {
         let in_order = decoded.encode_to_vec();
         assert_eq!(
             (in_order.len(), fnv(&in_order)),
-            (23_348, 11_700_045_893_670_541_157),
+            (23_360, 8_684_896_183_250_545_743),
             "the spans decoded changed"
         );
     }
