@@ -111,6 +111,15 @@ async fn discover_is_answered_from_the_upstream_initialize() {
         (&json!(0), &json!("private")),
         "{l}"
     );
+    // 2026-07-28 has no `Tool.execution.taskSupport` (tester 5 #10: it was passed on).
+    let tools = l["result"]["tools"].as_array().unwrap();
+    assert!(
+        !tools.is_empty()
+            && tools
+                .iter()
+                .all(|t| t.pointer("/execution/taskSupport").is_none()),
+        "{l}"
+    );
     assert_eq!(up.count("initialize"), 1);
     assert_eq!(up.count("notifications/initialized"), 1);
     let init = &bodies(&up, "initialize")[0];

@@ -89,7 +89,9 @@ fn relay(
     declared: ClientCapabilities,
     refuser: Refuser,
 ) -> McpReply {
-    let result_of: fn(&Value) -> Value = if translate::carries_cache_hints(method) {
+    let result_of: fn(&Value) -> Value = if method == "tools/list" {
+        translate::modern_tools_list
+    } else if translate::carries_cache_hints(method) {
         translate::cacheable_result
     } else {
         translate::complete_result
