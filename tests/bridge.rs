@@ -837,6 +837,29 @@ async fn input_required_is_asked_once_and_answered_with_tasks_update() {
     assert_eq!(count(&up, "tasks/update"), 1);
 }
 
+/// Tester 5 #6: a client's answer to a relayed `elicitation/create` that is no `ElicitResult`
+/// (`{"bogus":true}`) is taken as an error answer: the upstream gets `{"action":"decline"}` as
+/// its input response, which it can take. Before: the bogus result went on as it came, the
+/// server kept the key waiting, taskgate (which had taken it as answered) never asked again,
+/// and the client's `tasks/result` waited until the ttl.
+#[tokio::test]
+async fn an_answer_that_is_no_result_of_the_request_is_a_decline() {
+    let (up, state) = modern_server().await;
+    let (_tg, c, t, mut sse, _) = input_stream(&up, &state, "elicitation", "input_required").await;
+    let ask = sse.next_event(STEP).await.json();
+    assert_eq!(ask["method"], "elicitation/create", "{ask}");
+    let answer = json!({"jsonrpc":"2.0","id": ask["id"], "result": {"bogus": true}});
+    assert_eq!(c.send(answer.to_string()).await.status(), 202);
+    assert!(up.wait_for_method("tasks/update", 1, STEP).await);
+    let update = up.received("tasks/update").pop().unwrap().json();
+    assert_eq!(update["params"]["taskId"], json!(t));
+    assert_eq!(
+        update["params"]["inputResponses"]["name"],
+        json!({"action": "decline"}),
+        "{update}"
+    );
+}
+
 /// A `sampling/createMessage` input request the 2025 client answers with a JSON-RPC error: a
 /// 2026 `CreateMessageResult` cannot say "refused" (`InputResponse` has no error form), so
 /// nothing is sent as its answer; the task is cancelled upstream once, recorded `cancelled`,
