@@ -60,7 +60,9 @@
 //!   the upstream says the task is already terminal (`-32602`).
 //! - `input_required` (`input`): the first `tasks/get` that sees it opens one upstream
 //!   `tasks/result` for the task in the background; the upstream's requests on it
-//!   (`elicitation/create`, `sampling/createMessage`, `roots/list`) are shown as the
+//!   (`elicitation/create`, `sampling/createMessage`, `roots/list`, each only when that
+//!   `tasks/get` declared its capability; any other is answered upstream `-32601`: see
+//!   [`HELD_CLIENT_CAPABILITIES`]) are shown as the
 //!   `DetailedTask`'s `inputRequests`, keyed by their JSON-RPC id (that `tasks/get` waits up to
 //!   [`INPUT_WAIT`] for the first), and written to the task's record
 //!   (`TaskRecord::input_requests`), so a `tasks/get` on another replica or after a restart
@@ -77,10 +79,11 @@
 //!   stream, which taskgate reads while the caller listens, or a followed `tasks/result` stream)
 //!   sent as `notifications/tasks` with the `DetailedTask` a `tasks/get` gives.
 //! - any other request (`tools/list`, `resources/*`, `prompts/*`, …): sent on the session;
-//!   results get `resultType:"complete"`; an SSE answer keeps its notifications; the
-//!   upstream's own requests on it (2026-07-28 has no server→client requests, and a plain call
-//!   has no task whose `inputRequests` could show them) are answered upstream at once on the
-//!   session, not shown: a `ping` with `{}`, any other (`sampling/createMessage`,
+//!   results get `resultType:"complete"` (a `tools/list`'s tools lose the 2025
+//!   `execution.taskSupport`: `translate::modern_tools_list`); an SSE answer keeps its
+//!   notifications; the upstream's own requests on it (2026-07-28 has no server→client
+//!   requests, and a plain call has no task whose `inputRequests` could show them) are
+//!   answered upstream at once on the session, not shown: a `ping` with `{}`, any other (`sampling/createMessage`,
 //!   `elicitation/create`, `roots/list`) with `-32601` saying so, counted in
 //!   `taskgate_bridge_input_refused_total{reason="undeclared"}` (`forward::Refuser`).
 //! - a client that goes away before the answer to a request sent here (a plain `tools/call`,
