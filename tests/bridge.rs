@@ -749,6 +749,45 @@ async fn notifications_cancelled_of_an_upgraded_call_cancels_once() {
     assert_eq!(count(&up, "notifications/cancelled"), 0);
 }
 
+/// Tester 5 #5: a `notifications/cancelled` naming a pending bridged `tasks/result` is
+/// answered by taskgate (HTTP 202) and not sent upstream: the upstream never saw that request
+/// (the bridge polls with requests of its own). Before: sent on without a session, answered
+/// HTTP 400 by the upstream, and so to the client. The `tasks/result` runs on to the task's
+/// end (a receiver may ignore a cancellation).
+#[tokio::test]
+async fn notifications_cancelled_of_a_bridged_tasks_result_is_answered_here() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (c, _) = legacy_client(&tg).await;
+    let t = create(&c, 2).await;
+    let mut result = c
+        .send(rpc("3", "tasks/result", &json!({"taskId": t}).to_string()))
+        .await
+        .sse();
+    assert!(up.wait_for_method("tasks/get", 1, STEP).await, "following");
+    let status = c
+        .notify(
+            "notifications/cancelled",
+            json!({"requestId": 3, "reason": "user"}),
+        )
+        .await;
+    assert_eq!(status, 202);
+    assert_eq!(
+        count(&up, "notifications/cancelled"),
+        0,
+        "not sent upstream"
+    );
+    set(&state, &t, "completed");
+    let done = loop {
+        let ev = result.next_event(STEP).await.json();
+        if ev.get("id").is_some() {
+            break ev;
+        }
+    };
+    assert_eq!(done["id"], 3, "{done}");
+    assert!(done["result"].is_object(), "ran on to the end: {done}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // input_required
 // ---------------------------------------------------------------------------------------------
@@ -769,15 +808,19 @@ async fn input_required_is_asked_once_and_answered_with_tasks_update() {
     // The same snapshot on later polls is not asked again.
     let polls = count(&up, "tasks/get");
     assert!(up.wait_for_method("tasks/get", polls + 3, STEP).await);
+    // The related-task `_meta` 2025-11-25 requires on the answer (whatever taskId the client
+    // wrote) is not copied into the 2026 input response: 2026-07-28 has no such key.
     let answer = json!({"jsonrpc":"2.0","id": ask["id"],
-        "result":{"action":"accept","content":{"name":"Luca"}}});
+        "result":{"action":"accept","content":{"name":"Luca"},
+            "_meta": {RELATED: {"taskId": "not-this-one"}}}});
     let r = c.send(answer.to_string()).await;
     assert_eq!(r.status(), 202);
     assert!(up.wait_for_method("tasks/update", 1, STEP).await);
     let update = up.received("tasks/update").pop().unwrap().json();
     assert_eq!(update["params"]["taskId"], json!(t));
     assert_eq!(
-        update["params"]["inputResponses"]["name"]["content"]["name"], "Luca",
+        update["params"]["inputResponses"]["name"],
+        json!({"action": "accept", "content": {"name": "Luca"}}),
         "{update}"
     );
     set(&state, &t, "completed");
@@ -792,6 +835,29 @@ async fn input_required_is_asked_once_and_answered_with_tasks_update() {
         "{done}"
     );
     assert_eq!(count(&up, "tasks/update"), 1);
+}
+
+/// Tester 5 #6: a client's answer to a relayed `elicitation/create` that is no `ElicitResult`
+/// (`{"bogus":true}`) is taken as an error answer: the upstream gets `{"action":"decline"}` as
+/// its input response, which it can take. Before: the bogus result went on as it came, the
+/// server kept the key waiting, taskgate (which had taken it as answered) never asked again,
+/// and the client's `tasks/result` waited until the ttl.
+#[tokio::test]
+async fn an_answer_that_is_no_result_of_the_request_is_a_decline() {
+    let (up, state) = modern_server().await;
+    let (_tg, c, t, mut sse, _) = input_stream(&up, &state, "elicitation", "input_required").await;
+    let ask = sse.next_event(STEP).await.json();
+    assert_eq!(ask["method"], "elicitation/create", "{ask}");
+    let answer = json!({"jsonrpc":"2.0","id": ask["id"], "result": {"bogus": true}});
+    assert_eq!(c.send(answer.to_string()).await.status(), 202);
+    assert!(up.wait_for_method("tasks/update", 1, STEP).await);
+    let update = up.received("tasks/update").pop().unwrap().json();
+    assert_eq!(update["params"]["taskId"], json!(t));
+    assert_eq!(
+        update["params"]["inputResponses"]["name"],
+        json!({"action": "decline"}),
+        "{update}"
+    );
 }
 
 /// A `sampling/createMessage` input request the 2025 client answers with a JSON-RPC error: a

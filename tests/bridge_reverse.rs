@@ -111,6 +111,15 @@ async fn discover_is_answered_from_the_upstream_initialize() {
         (&json!(0), &json!("private")),
         "{l}"
     );
+    // 2026-07-28 has no `Tool.execution.taskSupport` (tester 5 #10: it was passed on).
+    let tools = l["result"]["tools"].as_array().unwrap();
+    assert!(
+        !tools.is_empty()
+            && tools
+                .iter()
+                .all(|t| t.pointer("/execution/taskSupport").is_none()),
+        "{l}"
+    );
     assert_eq!(up.count("initialize"), 1);
     assert_eq!(up.count("notifications/initialized"), 1);
     let init = &bodies(&up, "initialize")[0];
@@ -886,7 +895,7 @@ async fn an_input_request_captured_before_a_restart_is_answered_after_it() {
     let (_, v) = call(&url, None, 1, "research", true).await;
     let t = v["result"]["taskId"].as_str().unwrap().to_string();
     let key = format!("ask-{t}");
-    let (_, before) = task_call(&url, None, 2, "tasks/get", &t).await;
+    let (_, before) = get_asking(&url, None, 2, &t).await;
     assert_eq!(
         before["result"]["inputRequests"][&key]["method"], "elicitation/create",
         "{before}"
@@ -894,7 +903,7 @@ async fn an_input_request_captured_before_a_restart_is_answered_after_it() {
     sigkill(&mut p);
     let (_p2, gw, _) = spawn_binary(&cfg);
     let url = format!("http://{gw}/mcp");
-    let (status, v) = task_call(&url, None, 3, "tasks/get", &t).await;
+    let (status, v) = get_asking(&url, None, 3, &t).await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["result"]["status"], "input_required", "{v}");
     assert_eq!(
@@ -999,7 +1008,7 @@ async fn an_input_request_lost_with_a_restart_fails_the_task() {
     let (_, v) = call(&url, None, 1, "research", true).await;
     let t = v["result"]["taskId"].as_str().unwrap().to_string();
     let key = format!("ask-{t}");
-    let (_, v) = task_call(&url, None, 2, "tasks/get", &t).await;
+    let (_, v) = get_asking(&url, None, 2, &t).await;
     assert_eq!(v["result"]["status"], "input_required", "{v}");
     assert_eq!(
         v["result"]["inputRequests"][&key]["method"], "elicitation/create",
@@ -1008,7 +1017,7 @@ async fn an_input_request_lost_with_a_restart_fails_the_task() {
     sigkill(&mut p);
     let (_p2, gw, _) = spawn_binary(&cfg);
     let url = format!("http://{gw}/mcp");
-    let (status, v) = task_call(&url, None, 3, "tasks/get", &t).await;
+    let (status, v) = get_asking(&url, None, 3, &t).await;
     assert_eq!(status, 200, "{v}");
     let r = &v["result"];
     assert_eq!(r["status"], "failed", "{v}");
@@ -1036,7 +1045,7 @@ async fn an_input_request_lost_with_a_restart_fails_the_task() {
     assert_eq!(up.task(&t).status, "cancelled");
     // Later polls: the same, from the store; the old key's answer goes nowhere.
     let gets = up.count("tasks/get");
-    let (_, again) = task_call(&url, None, 4, "tasks/get", &t).await;
+    let (_, again) = get_asking(&url, None, 4, &t).await;
     assert_eq!(again["result"]["status"], "failed", "{again}");
     assert_eq!(again["result"]["error"], r["error"], "{again}");
     assert_eq!(up.count("tasks/get"), gets, "answered from the store");
@@ -1136,7 +1145,7 @@ async fn input_required_is_shown_as_input_requests_and_answered_with_tasks_updat
     let url = tg.mcp_url();
     let (_, v) = call(&url, None, 1, "research", true).await;
     let t = v["result"]["taskId"].as_str().unwrap().to_string();
-    let (status, v) = task_call(&url, None, 2, "tasks/get", &t).await;
+    let (status, v) = get_asking(&url, None, 2, &t).await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["result"]["status"], "input_required", "{v}");
     let key = format!("ask-{t}");
@@ -1170,6 +1179,64 @@ async fn input_required_is_shown_as_input_requests_and_answered_with_tasks_updat
     let done = until_terminal(&url, None, &t).await;
     assert_eq!(done["result"]["status"], "completed", "{done}");
     assert!(done["result"]["result"]["content"].is_array(), "{done}");
+}
+
+/// Tester 5 #4: the held session is `initialize`d with the client capabilities the bridge
+/// relays (`elicitation`, `sampling`, `roots`; before: none, so a compliant 2025 server such as
+/// server-everything never asked, and `input_required` never reached a 2026 client). A task's
+/// request for a capability the 2026 caller did not declare is answered upstream on its behalf
+/// as a 2025 client without it answers (`-32601` naming it), never shown, and the task goes on.
+#[tokio::test]
+async fn the_held_session_declares_what_the_bridge_relays_and_answers_for_callers_without_it() {
+    let up = legacy_server_with(
+        UpBehaviour {
+            ask: Some("elicitation/create"),
+            task_ms: Some(100),
+            ..UpBehaviour::default()
+        },
+        Some(Arc::new(|method, id, task_id, n| {
+            (method == "tasks/get" && n == 1).then(|| input_required(id, task_id))
+        })),
+    )
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let (_, v) = call(&url, None, 1, "research", true).await;
+    let t = v["result"]["taskId"].as_str().unwrap().to_string();
+    let init = &bodies(&up, "initialize")[0];
+    assert_eq!(
+        init["params"]["capabilities"],
+        json!({"elicitation": {}, "sampling": {}, "roots": {}}),
+        "{init}"
+    );
+    // This caller declares the extension only.
+    let (status, v) = task_call(&url, None, 2, "tasks/get", &t).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["result"]["inputRequests"], json!({}), "not shown: {v}");
+    let answer = eventually(STEP, || async { up.task(&t).answer })
+        .await
+        .expect("the upstream's request is answered");
+    assert_eq!(answer["id"], json!(format!("ask-{t}")), "{answer}");
+    assert_eq!(answer["error"]["code"], -32601, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("elicitation"),
+        "{answer}"
+    );
+    let done = until_terminal(&url, None, &t).await;
+    assert_eq!(done["result"]["status"], "completed", "{done}");
+    let m = tg.metrics_text().await;
+    assert_eq!(
+        metric(
+            &m,
+            "taskgate_bridge_input_refused_total",
+            &[("reason", "undeclared")]
+        ),
+        1.0,
+        "{m}"
+    );
 }
 
 /// A cancel racing the task's completion, 200 rounds (two 2026 cancels per round, sent after a
@@ -1771,7 +1838,7 @@ async fn an_input_request_is_shown_again_after_its_stream_ended() {
     let (_, v) = call(&url, None, 1, "research", true).await;
     let t = v["result"]["taskId"].as_str().unwrap().to_string();
     let key = format!("ask-{t}");
-    let (_, v) = task_call(&url, None, 2, "tasks/get", &t).await;
+    let (_, v) = get_asking(&url, None, 2, &t).await;
     assert_eq!(
         v["result"]["inputRequests"][&key]["method"], "elicitation/create",
         "{v}"

@@ -1103,7 +1103,22 @@ async fn a_2026_input_request_crosses_the_reverse_bridge() {
         .start()
         .await;
     let url = tg.mcp_url();
-    let t = create(&url, None, "ask").await;
+    // A client that can be asked (the held call's requests are checked against what the call
+    // declared: `bridge::reverse::HELD_CLIENT_CAPABILITIES`).
+    let (status, v) = send(modern_req(
+        &url,
+        None,
+        1,
+        "tools/call",
+        json!({"name": "ask", "arguments": {}, "_meta": meta_asking()}),
+    ))
+    .await;
+    assert_eq!(
+        (status, &v["result"]["resultType"]),
+        (200, &json!("task")),
+        "{v}"
+    );
+    let t = v["result"]["taskId"].as_str().unwrap().to_string();
     assert!(
         up.wait_for_method("initialize", 1, STEP).await,
         "a 2025 session upstream"

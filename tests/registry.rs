@@ -1384,8 +1384,10 @@ async fn ttl_of_zero_is_raised_to_the_minimum() {
 /// A `tools/call` whose `params.task` is not `TaskMetadata` taskgate can bound (not an object;
 /// a `ttl` that is not a number of ms at least 0) is refused `-32602` naming the member, on a
 /// 2025 task server as on a held session or a gateway-owned task; nothing goes upstream. A
-/// `ttl` of `null` is no ttl. Before, such a call went upstream untouched: `"ttl":"99999999"`
-/// escaped `tasks.max_ttl_ms` on a server that reads the string as a number.
+/// `ttl` of `null` is no ttl: removed, so the upstream never gets a ttl its schema refuses
+/// (tester 5 #9: it was passed on; the TypeScript SDK answered it `-32603`). Before, such a
+/// call went upstream untouched: `"ttl":"99999999"` escaped `tasks.max_ttl_ms` on a server that
+/// reads the string as a number.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_params_task_taskgate_cannot_bound_is_refused() {
     let up = TaskServer::default().await;
@@ -1404,6 +1406,12 @@ async fn a_params_task_taskgate_cannot_bound_is_refused() {
         ))
         .await;
     assert!(v["result"]["task"]["taskId"].is_string(), "{v}");
+    let sent = up.received("tools/call")[0].json();
+    assert_eq!(
+        sent["params"]["task"],
+        json!({}),
+        "no null ttl upstream: {sent}"
+    );
 }
 
 /// An upstream that reports a ttl above `tasks.max_ttl_ms` (here 10^12 ms) does not escape the

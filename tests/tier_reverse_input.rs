@@ -78,13 +78,13 @@ async fn an_input_request_captured_on_one_replica_is_shown_and_answered_on_anoth
     let t = v["result"]["taskId"].as_str().unwrap().to_string();
     let key = format!("ask-{t}");
     // Captured on A (its follower's `tasks/result` stream).
-    let (_, on_first) = task_call(&on_a, None, 2, "tasks/get", &t).await;
+    let (_, on_first) = get_asking(&on_a, None, 2, &t).await;
     assert_eq!(
         on_first["result"]["inputRequests"][&key]["method"], "elicitation/create",
         "{on_first}"
     );
     // Shown on B, from the record.
-    let (status, v) = task_call(&on_b, None, 3, "tasks/get", &t).await;
+    let (status, v) = get_asking(&on_b, None, 3, &t).await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["result"]["status"], "input_required", "{v}");
     assert_eq!(
@@ -132,13 +132,13 @@ async fn an_input_request_captured_on_one_replica_is_shown_and_answered_on_anoth
     assert_eq!(answers_received(&up).len(), 1, "answered once");
     // The task completes with the answer, seen on either replica.
     let done = eventually(STEP, || async {
-        let (_, v) = task_call(&on_a, None, 7, "tasks/get", &t).await;
+        let (_, v) = get_asking(&on_a, None, 7, &t).await;
         (v["result"]["status"] == "completed").then_some(v)
     })
     .await
     .expect("the task completes");
     assert!(done["result"].get("inputRequests").is_none(), "{done}");
-    let (_, v) = task_call(&on_b, None, 8, "tasks/get", &t).await;
+    let (_, v) = get_asking(&on_b, None, 8, &t).await;
     assert_eq!(v["result"]["status"], "completed", "{v}");
     assert_eq!(up.count("tasks/cancel"), 0);
 }

@@ -289,9 +289,9 @@ label_enum! {
         /// The client answered a `sampling/createMessage` (or any request whose 2026 result
         /// has no refusal form) with a JSON-RPC error: no `inputResponses` value can say so.
         ClientError = "client_error",
-        /// The reverse bridge: a 2025-11-25 server's request during a 2026-07-28 client's call
-        /// (a capability taskgate's held session did not declare), answered `-32601` upstream
-        /// at once; nothing is cancelled.
+        /// The reverse bridge: a 2025-11-25 server's request a 2026-07-28 client cannot answer
+        /// (during a plain call, or during a task for a capability the client did not
+        /// declare), answered `-32601` upstream at once; nothing is cancelled.
         Undeclared = "undeclared",
     }
 }

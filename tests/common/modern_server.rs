@@ -249,6 +249,28 @@ pub fn meta(with_ext: bool) -> Value {
     })
 }
 
+/// [`meta`] with the extension that also declares the input capabilities (`elicitation`,
+/// `sampling`, `roots`): a 2026-07-28 client that can be shown a task's `inputRequests`.
+pub fn meta_asking() -> Value {
+    let mut m = meta(true);
+    m["io.modelcontextprotocol/clientCapabilities"]["elicitation"] = json!({});
+    m["io.modelcontextprotocol/clientCapabilities"]["sampling"] = json!({});
+    m["io.modelcontextprotocol/clientCapabilities"]["roots"] = json!({});
+    m
+}
+
+/// A 2026-07-28 `tasks/get` of `task_id` from a client declaring [`meta_asking`].
+pub async fn get_asking(url: &str, token: Option<&str>, id: u64, task_id: &str) -> (u16, Value) {
+    send(modern_req(
+        url,
+        token,
+        id,
+        "tasks/get",
+        json!({"taskId": task_id, "_meta": meta_asking()}),
+    ))
+    .await
+}
+
 /// A 2026-07-28 request: headers and `_meta` as the spec's clients send them.
 /// An anonymous 2026 `tools/call` of `tool` with no arguments, under `id`.
 pub fn call_tool(url: &str, id: u64, tool: &str) -> Req {

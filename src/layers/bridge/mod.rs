@@ -113,6 +113,14 @@
 //!   [`mrtr::MAX_ROUNDS`] rounds). The bridged task call declares, besides the extension, the
 //!   `elicitation` / `sampling` / `roots` capabilities the client's session declared.
 //!
+//! - `notifications/cancelled` (2025-11-25 basic/utilities/cancellation) naming a client's
+//!   request the bridge answers itself while it runs (a bridged task's `tasks/get`,
+//!   `tasks/result`, `tasks/cancel`: the upstream gets taskgate's own requests, never that id)
+//!   is answered here, HTTP 202, and not sent upstream (before: sent without the session the
+//!   request never went out on, answered HTTP 400 by the upstream and so to the client). The
+//!   request runs on (a receiver MAY ignore a cancellation; a `tasks/result` cancels no task).
+//!   At most [`MAX_ANSWERING`] such requests are noted per upstream (past it a cancel passes on
+//!   as before).
 //! - status changes seen while a bridged `tasks/result` follows the task are sent on its stream
 //!   as `notifications/tasks/status` (a 2025 `Task`).
 //! - `notifications/tasks` (a `DetailedTask`) the upstream sends on any stream that reaches a
@@ -162,7 +170,7 @@ use answer::{ask, ask_until, ask_with, error_reply, failure_reply, legacy_reply}
 
 pub use era::{Discovery, UpstreamEra, DISCOVER_DEADLINE, UNANSWERED_RETRY};
 
-use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, RequestParts};
+use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody, RequestParts};
 use crate::jsonrpc::{self, Id};
 use crate::layers::extensions::{
     AuthorisedTask, ClientDeclares, HeldSession, PendingCreation, SessionsHeld,
@@ -190,6 +198,12 @@ pub const MAX_EARLY_EVENTS: usize = 64;
 pub const MAX_EARLY_BYTES: usize = 1 << 20;
 /// Most tool names remembered as task-only per upstream.
 pub const MAX_TASK_ONLY_TOOLS: usize = 4096;
+/// Most clients' requests the bridge answers itself noted at once per upstream (see
+/// `notifications/cancelled` in the module docs).
+pub const MAX_ANSWERING: usize = 4096;
+
+/// A client's request (its caller and id) the bridge answers itself.
+type AnsweringKey = (crate::exchange::Caller, Id);
 
 /// One upstream's bridge state: its era and the tools it answered `-32021` for.
 pub struct BridgeState {
@@ -217,6 +231,9 @@ pub struct BridgeState {
     /// Told each time a background cancel ends: a stop's drain waits for them
     /// ([`BridgeState::background_cancels_ended`]).
     background_ended: tokio::sync::Notify,
+    /// The clients' requests the bridge answers itself, while they run (at most
+    /// [`MAX_ANSWERING`]): a `notifications/cancelled` naming one is answered here.
+    answering: Mutex<HashSet<AnsweringKey>>,
 }
 
 /// Most cancels of refused-input tasks running in the background at once, per upstream (see
@@ -248,7 +265,35 @@ impl BridgeState {
             cancel: Some(cancel),
             background_cancels: Arc::new(tokio::sync::Semaphore::new(MAX_BACKGROUND_CANCELS)),
             background_ended: tokio::sync::Notify::new(),
+            answering: Mutex::new(HashSet::new()),
         })
+    }
+
+    /// Notes `req` (a client's request the bridge answers itself) until the guard is dropped;
+    /// `None` past [`MAX_ANSWERING`] or without an id.
+    fn answering(self: &Arc<Self>, req: &McpRequest) -> Option<Answering> {
+        let key = (req.ctx.caller().detached(), req.id()?.clone());
+        let mut noted = self.answering.lock();
+        if noted.len() >= MAX_ANSWERING || !noted.insert(key.clone()) {
+            return None;
+        }
+        Some(Answering {
+            state: self.clone(),
+            key,
+        })
+    }
+
+    /// Whether `req` is a `notifications/cancelled` naming a request of its caller's that the
+    /// bridge answers itself now.
+    fn cancels_one_answered_here(&self, req: &McpRequest) -> bool {
+        if req.notification_method() != Some("notifications/cancelled") {
+            return false;
+        }
+        let Some(request_id) = req.classified().and_then(|c| c.request_id()) else {
+            return false;
+        };
+        let noted = self.answering.lock();
+        !noted.is_empty() && noted.contains(&(req.ctx.caller(), request_id))
     }
 
     /// How many cancels run in the background now (see the field `background_cancels`).
@@ -322,6 +367,19 @@ impl BridgeState {
     }
 }
 
+/// A client's request the bridge answers itself, noted while it runs (see
+/// [`BridgeState::answering`]).
+struct Answering {
+    state: Arc<BridgeState>,
+    key: AnsweringKey,
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        self.state.answering.lock().remove(&self.key);
+    }
+}
+
 /// Builds [`BridgeService`]s over one upstream's [`BridgeState`].
 #[derive(Clone)]
 pub struct BridgeLayer {
@@ -387,6 +445,11 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
                 req.extensions.insert(EraAsked);
                 BridgeService { inner, state }.call(req).await
             }));
+        }
+        if state.cancels_one_answered_here(&req) {
+            // The upstream never saw that request (see the module docs).
+            tracing::debug!(upstream = %req.ctx.upstream, "notifications/cancelled of a request the bridge answers itself: not sent upstream");
+            return Either::Right(Box::pin(async { Ok(McpReply::accepted()) }));
         }
         if let Some(pending) = input_answer(state, &req) {
             if pending.round.is_some() {
@@ -485,13 +548,26 @@ impl<S: McpService> BridgeService<S> {
                 };
                 let m = m.to_string();
                 Box::pin(async move {
-                    Ok(match m.as_str() {
+                    let answering = state.answering(&req);
+                    let mut reply = match m.as_str() {
                         "tasks/get" => follow::tasks_get(&state, inner, req, id, record).await,
                         "tasks/result" => {
                             follow::tasks_result(&state, inner, req, id, record).await
                         }
                         _ => follow::tasks_cancel(&state, inner, req, id, record).await,
-                    })
+                    };
+                    reply.body = match (answering, reply.body) {
+                        // Noted until the stream ends (a `tasks/result` runs to the task's end).
+                        (Some(noted), ReplyBody::Stream(events)) => {
+                            use futures_util::StreamExt;
+                            ReplyBody::Stream(Box::pin(events.map(move |e| {
+                                let _ = &noted;
+                                e
+                            })))
+                        }
+                        (_, body) => body,
+                    };
+                    Ok(reply)
                 })
             }
             // The rest of a held session's requests: sent upstream as stateless 2026 requests

@@ -157,11 +157,15 @@ pub fn legacy_create_result(result: &Value) -> Option<Value> {
     Some(json!({ "task": legacy_task(result)? }))
 }
 
+/// The prefix of the `_meta` keys the protocol reserves (`io.modelcontextprotocol/*`).
+const PROTOCOL_META_PREFIX: &str = "io.modelcontextprotocol/";
+
 /// What a terminal 2026 `DetailedTask` answers to a 2025 `tasks/result` (2025-11-25 tasks:
 /// exactly what the request would have returned, with the related-task `_meta`).
 #[derive(Debug, PartialEq)]
 pub enum Payload {
-    /// `completed`: the `CallToolResult` (an `isError` one too), related-task `_meta` added.
+    /// `completed`: the `CallToolResult` (an `isError` one too), its 2026-07-28 protocol
+    /// `_meta` keys removed, the related-task `_meta` added.
     Result(Value),
     /// `failed`: the task's JSON-RPC `error` object.
     Error(Value),
@@ -178,8 +182,13 @@ pub fn terminal_payload(task: &Value, task_id: &str) -> Option<Payload> {
         "completed" => match task.get("result") {
             Some(Value::Object(r)) => {
                 let mut r = r.clone();
-                // 2025 results carry no `resultType`.
+                // 2025 results carry no `resultType`, and no 2026-07-28 protocol `_meta`
+                // (`io.modelcontextprotocol/serverInfo`, ...: the keys have no 2025 meaning);
+                // the one 2025 key is set below.
                 r.remove("resultType");
+                if let Some(Value::Object(meta)) = r.get_mut("_meta") {
+                    meta.retain(|k, _| !k.starts_with(PROTOCOL_META_PREFIX));
+                }
                 crate::mcp::task::set_related_task(&mut r, task_id);
                 Payload::Result(Value::Object(r))
             }
@@ -310,6 +319,18 @@ mod tests {
         };
         assert_eq!(r["_meta"][RELATED_TASK_META]["taskId"], "a");
         assert!(r.get("resultType").is_none());
+        // A 2026 server's protocol `_meta` (tester 5 #8a: serverInfo in a 2025 tasks/result)
+        // does not reach the 2025 client; the result's own `_meta` does.
+        let info = json!({"taskId":"a","status":"completed","result":{"content":[],
+            "_meta":{"io.modelcontextprotocol/serverInfo":{"name":"s"},"x-mine":{"n":1}}}});
+        let Some(Payload::Result(r)) = terminal_payload(&info, "a") else {
+            panic!("a result")
+        };
+        assert_eq!(
+            r["_meta"],
+            json!({"x-mine":{"n":1}, RELATED_TASK_META: {"taskId":"a"}}),
+            "{r}"
+        );
         let failed = json!({"taskId":"a","status":"failed","error":{"code":-32603,"message":"m"}});
         assert_eq!(
             terminal_payload(&failed, "a"),

@@ -363,19 +363,56 @@ fn request_message(
     json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string()
 }
 
+/// `result` without the 2025-11-25 related-task `_meta` key (the `_meta` dropped when nothing
+/// else is in it): a 2025 client's answer to a task's request carries it (2025-11-25 tasks:
+/// every message of a task does), with whatever `taskId` the client wrote; 2026-07-28 has no
+/// such key (the `tasks/update` names its task).
+fn without_related_task(result: &Value) -> Value {
+    let mut r = result.clone();
+    if let Some(o) = r.as_object_mut() {
+        if let Some(Value::Object(meta)) = o.get_mut("_meta") {
+            meta.remove(crate::mcp::task::RELATED_TASK_META);
+            if meta.is_empty() {
+                o.remove("_meta");
+            }
+        }
+    }
+    r
+}
+
+/// Whether `result` has the members a `method` result needs (2025-11-25 schema: an
+/// `ElicitResult`'s `action` is `accept`, `decline` or `cancel`; a `CreateMessageResult` has a
+/// string `role` and `model` and a `content`; a `ListRootsResult` a `roots` array). Another
+/// method's: any object.
+fn is_result_of(method: &str, result: &Value) -> bool {
+    let str_at = |k: &str| result.get(k).and_then(Value::as_str);
+    match method {
+        "elicitation/create" => matches!(str_at("action"), Some("accept" | "decline" | "cancel")),
+        "sampling/createMessage" => {
+            str_at("role").is_some() && str_at("model").is_some() && result.get("content").is_some()
+        }
+        "roots/list" => result.get("roots").is_some_and(Value::is_array),
+        _ => result.is_object(),
+    }
+}
+
 /// The `inputResponses` value for a client's answer message to a `method` request (2026-07-28
 /// schema: `InputResponse = CreateMessageResult | ListRootsResult | ElicitResult`, no error
-/// form): its `result`; for an error, the refusal that method's result can express:
-/// `{"action":"decline"}` (an `ElicitResult`) for `elicitation/create`, `{"roots":[]}` (a
-/// client that cannot list its roots offers none) for `roots/list`. `None` for an error to
-/// `sampling/createMessage` (a `CreateMessageResult` has no way to refuse) or any other
-/// method: no value says it, and the caller ends what asked instead.
+/// form): its `result` (without the 2025 related-task `_meta`) when it is a result of that
+/// method; for an error, or a result that is not one (`{"bogus":true}` to an
+/// `elicitation/create`: sent on, the server kept the request open under the key taskgate had
+/// taken as answered, and the client's `tasks/result` waited until the ttl, tester 5 #6), the
+/// refusal that method's result can express: `{"action":"decline"}` (an `ElicitResult`) for
+/// `elicitation/create`, `{"roots":[]}` (a client that cannot list its roots offers none) for
+/// `roots/list`. `None` for an error to `sampling/createMessage` (a `CreateMessageResult` has
+/// no way to refuse) or any other method: no value says it, and the caller ends what asked
+/// instead.
 pub fn response_value(method: &str, answer: &Value) -> Option<Value> {
     match (answer.get("result"), method) {
-        (Some(r), _) => Some(r.clone()),
-        (None, "roots/list") => Some(json!({ "roots": [] })),
-        (None, "elicitation/create") => Some(json!({ "action": "decline" })),
-        (None, _) => None,
+        (Some(r), _) if is_result_of(method, r) => Some(without_related_task(r)),
+        (_, "roots/list") => Some(json!({ "roots": [] })),
+        (_, "elicitation/create") => Some(json!({ "action": "decline" })),
+        _ => None,
     }
 }
 
@@ -485,9 +522,51 @@ mod tests {
             inputs.ask(&|_| true, &c, "t", "x", &json!({"method": "ping"})),
             Ask::Unsupported(_)
         ));
+        // A 2025 client's answer carries the related-task key (2025-11-25 requires it), with
+        // whatever taskId it wrote; a 2026 input response has no such key (tester 5 #8c).
+        let answered = json!({"result": {"action": "accept", "content": {"a": 1},
+            "_meta": {"io.modelcontextprotocol/related-task": {"taskId": "other"}}}});
+        assert_eq!(
+            response_value("elicitation/create", &answered),
+            Some(json!({"action": "accept", "content": {"a": 1}}))
+        );
+        let kept = json!({"result": {"roots": [], "_meta": {"x": 1,
+            "io.modelcontextprotocol/related-task": {"taskId": "t"}}}});
+        assert_eq!(
+            response_value("roots/list", &kept),
+            Some(json!({"roots": [], "_meta": {"x": 1}}))
+        );
         assert_eq!(
             response_value("roots/list", &json!({"error": {}})),
             Some(json!({"roots": []}))
+        );
+        // A result that is not one of the method's is an error answer (tester 5 #6).
+        for bogus in [
+            json!({"bogus": true}),
+            json!({"action": "maybe"}),
+            json!([1]),
+        ] {
+            assert_eq!(
+                response_value("elicitation/create", &json!({ "result": bogus })),
+                Some(json!({"action": "decline"}))
+            );
+        }
+        assert_eq!(
+            response_value("roots/list", &json!({"result": {"roots": "x"}})),
+            Some(json!({"roots": []}))
+        );
+        let sampled = json!({"role": "assistant", "model": "m",
+            "content": {"type": "text", "text": "hi"}});
+        assert_eq!(
+            response_value("sampling/createMessage", &json!({ "result": sampled })),
+            Some(sampled)
+        );
+        assert_eq!(
+            response_value(
+                "sampling/createMessage",
+                &json!({"result": {"role": "assistant"}})
+            ),
+            None
         );
         assert_eq!(
             response_value("elicitation/create", &json!({"error": {}})),

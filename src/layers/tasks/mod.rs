@@ -312,12 +312,14 @@ async fn prepare_creation(registry: &Arc<Registry>, req: &mut McpRequest) -> Res
         let error = registry.refuse_over_limit(&upstream);
         return Err(refuse(&id, error).answered_locally(LocalReason::OwnerLimit));
     };
-    if let Some(ttl) = ttl {
-        // Only the ttl's digits change: every other byte goes upstream as the client sent it.
-        let bounded = splice::replace(msg.bytes(), &["params", "task", "ttl"], &ttl.to_string())
-            .ok()
-            .flatten()
-            .and_then(|b| Message::parse(b).ok());
+    if let Some(edit) = ttl {
+        // Only the ttl changes: every other byte goes upstream as the client sent it.
+        let path = ["params", "task", "ttl"];
+        let edited = match edit {
+            TtlEdit::Write(ttl) => splice::replace(msg.bytes(), &path, &ttl.to_string()),
+            TtlEdit::Remove => splice::remove(msg.bytes(), &path),
+        };
+        let bounded = edited.ok().flatten().and_then(|b| Message::parse(b).ok());
         match bounded {
             Some(m) => req.op = Operation::Post(m),
             None => {
@@ -442,9 +444,24 @@ impl<'de> serde::de::Visitor<'de> for ReadableVisitor {
     }
 }
 
+/// What taskgate does to a creation's `params.task.ttl` before it goes upstream.
+#[derive(Debug, PartialEq, Eq)]
+enum TtlEdit {
+    /// Writes this bound (ms) instead of the client's.
+    Write(u64),
+    /// Removes the member: a `null` ttl is no ttl (see [`bounded_ttl`]).
+    Remove,
+}
+
 /// The ttl a task creation goes upstream with, from its `params.task` (2025-11-25
 /// basic/utilities/tasks: `TaskMetadata`, an object whose optional `ttl` is in milliseconds):
-/// `None` to leave the client's as it is, or the bound to write instead. Any number above `cap`
+/// `None` to leave the client's as it is, or the edit to make ([`TtlEdit`]). A `ttl` of `null`
+/// is taken as no ttl and removed, so the upstream applies its default (and taskgate its cap):
+/// the schema's `ttl` is an optional number, so `null` is not one a server must accept (the
+/// TypeScript SDK answered it `-32603` with its validator's dump), yet a client that writes its
+/// unset optional members as `null` means "none", not a bad value (tester 5 #9: it was passed
+/// on as it came while `-1` and `"5000"` were refused; refusing it too would break such clients
+/// for nothing). Any number above `cap`
 /// (`tasks.max_ttl_ms`; 1e12 included) is lowered to it; one below [`MIN_TASK_TTL_MS`] (0
 /// included) is raised to it; a fraction of a millisecond is dropped (1500.7 → 1500; it used to
 /// be taken for "above the cap"). `-32602` when taskgate cannot bound it: `params.task` not an
@@ -453,7 +470,7 @@ impl<'de> serde::de::Visitor<'de> for ReadableVisitor {
 /// that is neither absent, `null` nor a number of ms at least 0 (`"60000"`, `true`, `-1`: the
 /// cap cannot be applied to it, and an upstream that reads `"99999999"` as a number would keep
 /// the task past it).
-fn bounded_ttl(task: &Value, cap: u64) -> Result<Option<u64>, McpError> {
+fn bounded_ttl(task: &Value, cap: u64) -> Result<Option<TtlEdit>, McpError> {
     let Value::Object(task) = task else {
         return Err(McpError::InvalidParam {
             method: Some("tools/call".into()),
@@ -462,7 +479,8 @@ fn bounded_ttl(task: &Value, cap: u64) -> Result<Option<u64>, McpError> {
         });
     };
     let n = match task.get("ttl") {
-        None | Some(Value::Null) => return Ok(None),
+        None => return Ok(None),
+        Some(Value::Null) => return Ok(Some(TtlEdit::Remove)),
         Some(Value::Number(n)) if n.as_f64().is_some_and(|t| t >= 0.0) => n,
         Some(other) => {
             let got = match other {
@@ -485,7 +503,8 @@ fn bounded_ttl(task: &Value, cap: u64) -> Result<Option<u64>, McpError> {
             _ => Some(cap),
         },
         _ => Some(cap),
-    })
+    }
+    .map(TtlEdit::Write))
 }
 
 /// For `tasks/get|result|cancel`: authorise against the registry (→ [`AuthorisedTask`]) and
@@ -817,7 +836,7 @@ fn store_refusal(method: Option<&str>, e: &crate::store::StoreError) -> McpError
 
 #[cfg(test)]
 mod tests {
-    use super::{bounded_ttl, hide_tasks_list, readable, Readable, MIN_TASK_TTL_MS};
+    use super::{bounded_ttl, hide_tasks_list, readable, Readable, TtlEdit, MIN_TASK_TTL_MS};
     use serde_json::json;
 
     /// `readable` answers as reading the params into a `Value` does, with the same error: usual
@@ -869,29 +888,31 @@ mod tests {
     }
 
     /// The ttl bounds (`tasks.max_ttl_ms` 60 s here): left alone within them, lowered to the cap,
-    /// raised to the floor, fractions dropped; no ttl (or `null`) left to the upstream; a
-    /// negative one, one that is not a number, or a `params.task` that is not an object refused.
+    /// raised to the floor, fractions dropped; no ttl left to the upstream, a `null` one removed
+    /// (no ttl); a negative one, one that is not a number, or a `params.task` that is not an
+    /// object refused.
     #[test]
     fn a_creations_ttl_is_bounded() {
         let cap = 60_000;
         let ttl = |t: serde_json::Value| bounded_ttl(&json!({ "ttl": t }), cap);
+        let write = |t: u64| Ok(Some(TtlEdit::Write(t)));
         assert_eq!(ttl(json!(30_000)), Ok(None));
         assert_eq!(ttl(json!(cap)), Ok(None));
-        assert_eq!(ttl(json!(cap + 1)), Ok(Some(cap)));
-        assert_eq!(ttl(json!(1e12)), Ok(Some(cap)));
-        assert_eq!(ttl(json!(0)), Ok(Some(MIN_TASK_TTL_MS)));
-        assert_eq!(ttl(json!(1500.7)), Ok(Some(1500)));
-        assert_eq!(ttl(json!(0.5)), Ok(Some(MIN_TASK_TTL_MS)));
+        assert_eq!(ttl(json!(cap + 1)), write(cap));
+        assert_eq!(ttl(json!(1e12)), write(cap));
+        assert_eq!(ttl(json!(0)), write(MIN_TASK_TTL_MS));
+        assert_eq!(ttl(json!(1500.7)), write(1500));
+        assert_eq!(ttl(json!(0.5)), write(MIN_TASK_TTL_MS));
         assert!(ttl(json!(-1)).is_err());
         assert!(ttl(json!(-0.5)).is_err());
         assert!(ttl(json!("5000")).is_err());
         assert!(ttl(json!(true)).is_err());
-        assert_eq!(ttl(json!(null)), Ok(None));
+        assert_eq!(ttl(json!(null)), Ok(Some(TtlEdit::Remove)));
         assert_eq!(bounded_ttl(&json!({}), cap), Ok(None));
         assert!(bounded_ttl(&json!([]), cap).is_err());
         assert!(bounded_ttl(&json!(null), cap).is_err());
         // A cap below the floor wins.
-        assert_eq!(bounded_ttl(&json!({"ttl": 0}), 500), Ok(Some(500)));
+        assert_eq!(bounded_ttl(&json!({"ttl": 0}), 500), write(500));
     }
 
     /// A `tasks/list` page the store cannot read (a database outage) is `-32603` "task store

@@ -3,13 +3,17 @@
 //! id taskgate mints, the answer relayed to the 2026-07-28 client under its own id; a client
 //! gone before the answer becomes `notifications/cancelled` upstream ([`CancelOnDrop`]).
 
-use super::{id_value, legacy_body, send, translate, NoSession, On, ReverseState, UpstreamSession};
+use super::{
+    id_value, input, legacy_body, send, translate, NoSession, On, ReverseState, UpstreamSession,
+};
 use crate::exchange::{
     GatewayError, McpReply, McpRequest, Operation, ReplyBody, RequestContext, RequestParts,
 };
 use crate::jsonrpc::{self, Id, Message};
 use crate::layers::extensions::{PendingCreation, RelaysUpstreamRequests};
+use crate::layers::relay::input::capability_for;
 use crate::layers::McpService;
+use crate::mcp::capabilities::ClientCapabilities;
 use crate::mcp::era::Era;
 use crate::mcp::errors::McpError;
 use bytes::Bytes;
@@ -63,13 +67,18 @@ enum Relayed {
     Answer(String),
 }
 
+/// Why the upstream's request during a plain call is refused (see [`Refuser`]).
+const PLAIN_CALL: &str = "taskgate's 2026-07-28 client cannot be asked during a call (2026-07-28 has no server-to-client requests, and a plain call has no task to show it in)";
+
 /// An upstream reply passed to the 2026 client: the answer to `own` under the client's `id`
 /// (its result through `complete_result`, or `cacheable_result` for a `method` whose 2026
 /// result carries caching hints), notifications as they came, the upstream's own
 /// requests not shown (2026-07-28 has none) but answered upstream by `refuser` (kept instead
-/// when `keep_requests`, for a gateway task's held call: [`RelaysUpstreamRequests`]), HTTP
-/// errors as they came. `cancel` is disarmed once
+/// when `keep_requests`, for a gateway task's held call: [`RelaysUpstreamRequests`], unless it
+/// is an input request whose capability the client did not declare in `declared`, which is
+/// refused as `input::refusal` says), HTTP errors as they came. `cancel` is disarmed once
 /// the answer has passed (before that, the client going away cancels the request upstream).
+#[allow(clippy::too_many_arguments)]
 fn relay(
     reply: McpReply,
     own: Id,
@@ -77,9 +86,12 @@ fn relay(
     method: &str,
     mut cancel: CancelOnDrop,
     keep_requests: bool,
+    declared: ClientCapabilities,
     refuser: Refuser,
 ) -> McpReply {
-    let result_of: fn(&Value) -> Value = if translate::carries_cache_hints(method) {
+    let result_of: fn(&Value) -> Value = if method == "tools/list" {
+        translate::modern_tools_list
+    } else if translate::carries_cache_hints(method) {
         translate::cacheable_result
     } else {
         translate::complete_result
@@ -95,9 +107,19 @@ fn relay(
             return Relayed::Keep;
         };
         if let Some(asked) = v.get("method").and_then(Value::as_str) {
-            return match v.get("id") {
-                Some(request_id) if !keep_requests => {
-                    refuser.refuse(request_id, asked);
+            let Some(request_id) = v.get("id") else {
+                return Relayed::Keep;
+            };
+            if !keep_requests {
+                refuser.refuse(request_id, asked, &format!("{asked}: {PLAIN_CALL}"));
+                return Relayed::Drop;
+            }
+            // A gateway task's held call: shown to its client when it declared what the
+            // request needs (`gateway_tasks` answers a `ping` or another method itself).
+            return match input::refusal(asked, declared) {
+                Some(Err(error)) if capability_for(asked).is_some() => {
+                    let message = error["message"].as_str().unwrap_or_default().to_string();
+                    refuser.refuse(request_id, asked, &message);
                     Relayed::Drop
                 }
                 _ => Relayed::Keep,
@@ -156,9 +178,12 @@ fn relay(
 /// call has no task whose `inputRequests` could show them), so that the server does not wait
 /// for an answer that never comes (before: they were dropped, and a tool awaiting its
 /// `sampling/createMessage` held the client's call until the server gave up, if ever). The
-/// held session was `initialize`d with no client capabilities, so, as a 2025-11-25 client
-/// without a handler for the method: `-32601` naming it (a `ping` gets its empty result),
-/// sent on the same session in the background, counted in
+/// held session declares `elicitation`, `sampling` and `roots` for a task's input
+/// (`super::HELD_CLIENT_CAPABILITIES`), but nobody can give it during a plain call, so, as a
+/// 2025-11-25 client without a handler for the method: `-32601` naming it and why (a `ping`
+/// gets its empty result); the same for a gateway task's held call whose client did not
+/// declare the capability the request needs. Sent on the same session in the background,
+/// counted in
 /// `taskgate_bridge_input_refused_total{reason="undeclared"}`. At most
 /// [`super::MAX_REFUSALS_IN_FLIGHT`] are in flight per upstream; past it one is left
 /// unanswered (logged at warn).
@@ -204,8 +229,9 @@ impl Refuser {
         }))
     }
 
-    /// Answers the upstream's request `id` (`method`) on the held session (see [`Refuser`]).
-    fn refuse(&self, id: &Value, method: &str) {
+    /// Answers the upstream's request `id` (`method`) on the held session (see [`Refuser`]):
+    /// `-32601` with `message` (a `ping`: `{}`).
+    fn refuse(&self, id: &Value, method: &str, message: &str) {
         let Some(ctx) = self.0.session.lock().clone() else {
             return;
         };
@@ -217,7 +243,7 @@ impl Refuser {
                 .bridge_input_refused(&ctx.upstream, crate::metrics::InputRefusal::Undeclared);
             tracing::info!(upstream = %ctx.upstream, method, "the upstream asked a 2026-07-28 client's call for input: refused -32601");
             json!({"jsonrpc": "2.0", "id": id, "error": {"code": jsonrpc::METHOD_NOT_FOUND,
-                "message": format!("{method}: taskgate's session with this server declared no client capabilities (its 2026-07-28 client cannot be asked during a call)")}})
+                "message": message}})
         };
         let Ok(msg) = Message::parse(Bytes::from(body.to_string())) else {
             return;
@@ -314,8 +340,21 @@ pub(super) async fn forward<S: McpService>(
     match send(state, &inner, req, &body, On::Caller, &prepare).await {
         Ok(Ok(reply)) => {
             let keep = req.extensions.get::<RelaysUpstreamRequests>().is_some();
+            let declared = match keep {
+                true => super::declared_by(req),
+                false => ClientCapabilities::default(),
+            };
             let refuser = Refuser::new(state, &inner, session);
-            Ok(relay(reply, own, id.clone(), method, cancel, keep, refuser))
+            Ok(relay(
+                reply,
+                own,
+                id.clone(),
+                method,
+                cancel,
+                keep,
+                declared,
+                refuser,
+            ))
         }
         Ok(Err(NoSession(reply))) => {
             cancel.disarm();

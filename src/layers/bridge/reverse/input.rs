@@ -24,6 +24,17 @@
 //! answered once), and a `tasks/get` shows what the record still holds. A request whose answer
 //! could not be sent is put back. The record's requests are cleared when the task ends.
 //!
+//! **What is shown.** Only what the 2026-07-28 client can answer: an `elicitation/create`,
+//! `sampling/createMessage` or `roots/list` (2026-07-28 `inputRequests` values are those three
+//! requests) whose capability the `tasks/get` that started the follower declared in its
+//! `_meta["io.modelcontextprotocol/clientCapabilities"]` (2026-07-28 declares capabilities per
+//! request; that `tasks/get` is the task owner's). The held session declares all three for
+//! every caller (`super::HELD_CLIENT_CAPABILITIES` says why), so any other request is answered
+//! upstream at once on the task's session, as a 2025-11-25 client without the capability (or
+//! the method) answers it ([`refusal`]: `-32601`, a `ping` `{}`), counted
+//! `taskgate_bridge_input_refused_total{reason="undeclared"}`: the server is not left waiting
+//! for an answer nobody can give.
+//!
 //! Bounds: at most [`MAX_KEYS`] requests kept per task (more are not shown: the task stays
 //! `input_required` until its ttl), at most [`MAX_TASKS`] tasks followed per upstream (past it,
 //! no new follower: the task's `inputRequests` stay empty, but for what the record holds). The
@@ -48,11 +59,15 @@
 //! in a PostgreSQL tier another live replica may hold the follower that captured the request, so
 //! there the task is left as it is.
 
-use super::{legacy_body, listen, send, task_params, On, ReverseState, UpstreamSession};
+use super::{
+    declared_by, legacy_body, listen, send, task_params, On, ReverseState, UpstreamSession,
+};
 use crate::exchange::{McpReply, McpRequest, ReplyBody};
 use crate::jsonrpc::{self, Id};
 use crate::layers::extensions::AuthorisedTask;
+use crate::layers::relay::input::capability_for;
 use crate::layers::McpService;
+use crate::mcp::capabilities::ClientCapabilities;
 use crate::mcp::era::Era;
 use crate::mcp::errors::McpError;
 use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
@@ -234,6 +249,30 @@ pub fn key_of(id: &Value) -> String {
         Value::String(s) if serde_json::from_str::<Value>(s).is_err() => s.clone(),
         other => other.to_string(),
     }
+}
+
+/// How a 2025-11-25 client that `declared` these capabilities answers the upstream's request
+/// `method` it is not shown (see `input`): `None` when it is shown (an `elicitation/create`,
+/// `sampling/createMessage` or `roots/list` whose capability was declared); `Ok` with the
+/// `result` of a `ping` (`{}`); `Err` with the `error` (`-32601`, naming the method and why)
+/// of anything else: no handler, as a 2025-11-25 client without the capability answers.
+pub fn refusal(method: &str, declared: ClientCapabilities) -> Option<Result<Value, Value>> {
+    if method == "ping" {
+        return Some(Ok(json!({})));
+    }
+    let why = match capability_for(method) {
+        Some(pointer) if declared.has(pointer) => return None,
+        Some(pointer) => format!(
+            "{method}: the 2026-07-28 client did not declare the `{}` capability, so taskgate cannot ask it",
+            pointer.trim_start_matches('/')
+        ),
+        None => format!(
+            "{method}: taskgate relays only elicitation/create, sampling/createMessage and roots/list to a 2026-07-28 client"
+        ),
+    };
+    Some(Err(
+        json!({"code": jsonrpc::METHOD_NOT_FOUND, "message": why}),
+    ))
 }
 
 /// The tasks whose input is followed, per upstream.
@@ -488,6 +527,8 @@ async fn follow_input<S: McpService>(
         out.extensions.insert(crate::exchange::Deadline::Unbounded);
     };
     let limit = Duration::from_millis(state.registry.config().max_ttl_ms);
+    // What the 2026-07-28 client can be shown (see `input`): what this `tasks/get` declared.
+    let declared = declared_by(&req);
     let followed = async {
         let Ok(Ok(reply)) = send(&state, &inner, &req, &body, On::Task, &unbounded).await else {
             return;
@@ -504,6 +545,11 @@ async fn follow_input<S: McpService>(
                 continue;
             };
             if let Some((key, mut pending)) = Pending::of_message(&v) {
+                let method = pending.request["method"].as_str().unwrap_or_default();
+                if let Some(answer) = refusal(method, declared) {
+                    refuse(&state, &inner, &req, &task_id, &pending.id, method, answer).await;
+                    continue;
+                }
                 // The record first: once the request is shown, any replica can answer it.
                 if task.is_full() {
                     tracing::debug!(task_id = %task_id, "an upstream input request was not kept (bound)");
@@ -528,6 +574,43 @@ async fn follow_input<S: McpService>(
     };
     let _ = tokio::time::timeout(limit, followed).await;
     task.done();
+}
+
+/// Answers the upstream's request `id` (`method`) of `task_id`'s `tasks/result` stream with
+/// `answer` (its `result` or `error`, see [`refusal`]) on the task's session, before the
+/// follower reads on (bounded by `timeout_ms`).
+async fn refuse<S: McpService>(
+    state: &ReverseState,
+    inner: &S,
+    req: &McpRequest,
+    task_id: &str,
+    id: &Value,
+    method: &str,
+    answer: Result<Value, Value>,
+) {
+    let mut body = json!({"jsonrpc": "2.0", "id": id});
+    match answer {
+        Ok(result) => body["result"] = result,
+        Err(error) => {
+            state
+                .registry
+                .metrics()
+                .bridge_input_refused(&req.ctx.upstream, crate::metrics::InputRefusal::Undeclared);
+            tracing::info!(upstream = %req.ctx.upstream, task_id, method, "a bridged task's input request its 2026-07-28 client cannot answer: refused -32601 upstream");
+            body["error"] = error;
+        }
+    }
+    let plain = |out: &mut McpRequest, _: &UpstreamSession| {
+        out.extensions.remove::<AuthorisedTask>();
+    };
+    let sent = state
+        .bounded(&req.ctx.upstream, async {
+            Ok(send(state, inner, req, &body, On::Task, &plain).await)
+        })
+        .await;
+    if !matches!(sent, Ok(Ok(Ok(_)))) {
+        tracing::warn!(upstream = %req.ctx.upstream, task_id, method, "the refusal of an input request could not be sent upstream");
+    }
 }
 
 /// A 2026-07-28 `tasks/update`: each `inputResponses[key]` for a request kept for the task (see
@@ -663,5 +746,31 @@ mod tests {
         );
         inputs.forget("t1");
         assert!(inputs.of("t1").is_none());
+    }
+
+    /// Tester 5 #4: the held session declares elicitation, sampling and roots for every caller,
+    /// so what a caller did not declare is refused upstream on its behalf, never shown.
+    #[test]
+    fn only_what_the_client_declared_is_shown() {
+        let declared = ClientCapabilities::of(&json!({"elicitation": {}, "extensions": {}}));
+        assert_eq!(refusal("elicitation/create", declared), None);
+        let refused = refusal("sampling/createMessage", declared)
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(refused["code"], -32601);
+        assert!(
+            refused["message"].as_str().unwrap().contains("`sampling`"),
+            "{refused}"
+        );
+        assert!(refusal("roots/list", declared).unwrap().is_err());
+        let none = ClientCapabilities::default();
+        assert!(refusal("elicitation/create", none).unwrap().is_err());
+        assert_eq!(refusal("ping", none), Some(Ok(json!({}))));
+        let all = ClientCapabilities::of(&json!({"elicitation": {}, "sampling": {}, "roots": {}}));
+        assert!(
+            refusal("tasks/get", all).unwrap().is_err(),
+            "not an input request"
+        );
+        assert_eq!(refusal("roots/list", all), None);
     }
 }

@@ -18,7 +18,8 @@
 //!
 //! **Sessions** (`sessions`): each request goes out on a 2025-11-25 session taskgate holds,
 //! one per principal with auth and per client address without (why: see `sessions`), opened
-//! with `initialize` + `notifications/initialized` by the first request that needs it and
+//! with `initialize` (client capabilities [`HELD_CLIENT_CAPABILITIES`]: what this bridge
+//! relays, see there) + `notifications/initialized` by the first request that needs it and
 //! opened again when the upstream answers 404 on it (the request is then sent once more);
 //! pinged every `gateway.session_idle_ms` / 2 (at most 30 s), side by side (`pings`: at most
 //! [`MAX_CONCURRENT_PINGS`] at once, one per session), a ping answered 404 opening it again.
@@ -59,7 +60,9 @@
 //!   the upstream says the task is already terminal (`-32602`).
 //! - `input_required` (`input`): the first `tasks/get` that sees it opens one upstream
 //!   `tasks/result` for the task in the background; the upstream's requests on it
-//!   (`elicitation/create`, `sampling/createMessage`, `roots/list`) are shown as the
+//!   (`elicitation/create`, `sampling/createMessage`, `roots/list`, each only when that
+//!   `tasks/get` declared its capability; any other is answered upstream `-32601`: see
+//!   [`HELD_CLIENT_CAPABILITIES`]) are shown as the
 //!   `DetailedTask`'s `inputRequests`, keyed by their JSON-RPC id (that `tasks/get` waits up to
 //!   [`INPUT_WAIT`] for the first), and written to the task's record
 //!   (`TaskRecord::input_requests`), so a `tasks/get` on another replica or after a restart
@@ -76,11 +79,12 @@
 //!   stream, which taskgate reads while the caller listens, or a followed `tasks/result` stream)
 //!   sent as `notifications/tasks` with the `DetailedTask` a `tasks/get` gives.
 //! - any other request (`tools/list`, `resources/*`, `prompts/*`, …): sent on the session;
-//!   results get `resultType:"complete"`; an SSE answer keeps its notifications; the
-//!   upstream's own requests on it (2026-07-28 has no server→client requests) are answered
-//!   upstream at once on the session, not shown: a `ping` with `{}`, any other (its
-//!   `sampling/createMessage`, `elicitation/create`, `roots/list`: capabilities the held
-//!   session, `initialize`d with none, did not declare) with `-32601` saying so, counted in
+//!   results get `resultType:"complete"` (a `tools/list`'s tools lose the 2025
+//!   `execution.taskSupport`: `translate::modern_tools_list`); an SSE answer keeps its
+//!   notifications; the upstream's own requests on it (2026-07-28 has no server→client
+//!   requests, and a plain call has no task whose `inputRequests` could show them) are
+//!   answered upstream at once on the session, not shown: a `ping` with `{}`, any other (`sampling/createMessage`,
+//!   `elicitation/create`, `roots/list`) with `-32601` saying so, counted in
 //!   `taskgate_bridge_input_refused_total{reason="undeclared"}` (`forward::Refuser`).
 //! - a client that goes away before the answer to a request sent here (a plain `tools/call`,
 //!   any forwarded request): `notifications/cancelled` upstream on the same session, naming the
@@ -125,7 +129,9 @@ use crate::layers::lost_task;
 use crate::layers::own_request;
 use crate::layers::relay::OwnIds;
 use crate::layers::McpService;
-use crate::mcp::capabilities::{declares_tasks_extension, CLIENT_CAPABILITIES_META};
+use crate::mcp::capabilities::{
+    declares_tasks_extension, ClientCapabilities, CLIENT_CAPABILITIES_META,
+};
 use crate::mcp::era::{Era, PROTOCOL_VERSION_META};
 use crate::mcp::errors::McpError;
 use crate::mcp::task::TaskStatus;
@@ -150,6 +156,43 @@ use translate::Outcome;
 pub const LEGACY_VERSION: &str = "2025-11-25";
 /// Most `tools/list` pages read to learn one tool's `taskSupport`.
 pub const MAX_TOOL_PAGES: usize = 16;
+
+/// The client capabilities a held session declares in its `initialize` (2025-11-25
+/// lifecycle: `ClientCapabilities`): exactly the requests this bridge relays to a 2026-07-28
+/// client, as a task's `inputRequests` (`input`) or a gateway task's (`forward`,
+/// [`RelaysUpstreamRequests`]): `elicitation` (form mode: `{}`), `sampling` (no `context`, no
+/// `tools`) and `roots` (no `listChanged`: no 2026-07-28 client tells taskgate its roots
+/// changed). Nothing else (no `tasks`: taskgate runs no task for the server). A compliant
+/// 2025-11-25 server sends none of these to a session that did not declare it, so without
+/// them the `input_required` relay was reachable only with servers that ignore capabilities
+/// (server-everything's `simulate-research-query` never asked).
+///
+/// Why all of them, whatever one caller declares: a held session is shared by every
+/// 2026-07-28 request of its tenant (a principal, or a client address: see `sessions`), and
+/// 2026-07-28 declares capabilities per request, not per session, so the session declares
+/// what the bridge can relay and each request of the upstream's is checked against the
+/// 2026-07-28 request it reaches: one whose capability that request did not declare
+/// (`_meta["io.modelcontextprotocol/clientCapabilities"]`; for a task's input, the `tasks/get`
+/// that started following it) is answered upstream on the caller's behalf as a 2025-11-25
+/// client without it answers (no handler: `-32601`), never shown, so nothing waits for an
+/// answer that cannot come; counted `taskgate_bridge_input_refused_total{reason="undeclared"}`.
+pub const HELD_CLIENT_CAPABILITIES: &str = r#"{"elicitation":{},"sampling":{},"roots":{}}"#;
+
+/// The top-level client capabilities a 2026-07-28 request declares in
+/// `params._meta["io.modelcontextprotocol/clientCapabilities"]` (none when absent or
+/// unreadable).
+pub(crate) fn declared_by(req: &McpRequest) -> ClientCapabilities {
+    let Operation::Post(msg) = &req.op else {
+        return ClientCapabilities::default();
+    };
+    let path = ["params", "_meta", CLIENT_CAPABILITIES_META];
+    match crate::jsonrpc::splice::raw_at(msg.bytes(), &path) {
+        Ok(Some(raw)) => serde_json::from_str::<Value>(raw.get())
+            .map(|c| ClientCapabilities::of(&c))
+            .unwrap_or_default(),
+        _ => ClientCapabilities::default(),
+    }
+}
 
 /// One upstream's reverse-bridge state: its era (shared with the `bridge` state), and its
 /// held sessions.
@@ -454,9 +497,6 @@ fn no_session(req: &McpRequest, why: &str) -> NoSession {
     NoSession(McpReply::error(Era::Modern, req.id(), &error))
 }
 
-/// Opens a 2025-11-25 session on the upstream: `initialize` (taskgate's own client info, no
-/// client capabilities), then `notifications/initialized`; both bounded by `timeout_ms`.
-/// Errors: why, as text.
 /// Why [`open`] held no session: the upstream refused the `initialize` (what it said), or the
 /// exchange failed (unreachable, an invalid answer, past `timeout_ms`), which is the edge's
 /// 502 / 504 as for any request (review 20 #4: it was answered HTTP 200 `-32603`).
@@ -474,6 +514,9 @@ impl std::fmt::Display for Unopened {
     }
 }
 
+/// Opens a 2025-11-25 session on the upstream: `initialize` (taskgate's own client info, the
+/// client capabilities [`HELD_CLIENT_CAPABILITIES`]), then `notifications/initialized`; both
+/// bounded by `timeout_ms`. Errors: [`Unopened`].
 async fn open<S: McpService>(
     state: &ReverseState,
     inner: &S,
@@ -482,7 +525,7 @@ async fn open<S: McpService>(
     let id = state.ids.next_id();
     let body = json!({"jsonrpc": "2.0", "id": id_value(&id), "method": "initialize", "params": {
         "protocolVersion": LEGACY_VERSION,
-        "capabilities": {},
+        "capabilities": serde_json::from_str::<Value>(HELD_CLIENT_CAPABILITIES).unwrap_or_default(),
         "clientInfo": {"name": "taskgate", "version": env!("CARGO_PKG_VERSION")},
     }});
     let mut out = request_with(req, body, None);

@@ -12,6 +12,7 @@
 //! | `completed` with `result.isError: true` | `failed` whose `tasks/result` is a `CallToolResult` (a tool error keeps its content) |
 //! | `failed` with `error` | `failed` whose `tasks/result` is a JSON-RPC error |
 //! | every result carries `resultType` | none does: `"complete"` added ([`complete_result`]) |
+//! | `tools/list`: no `Tool.execution.taskSupport` | `execution.taskSupport` removed ([`modern_tools_list`]) |
 
 use crate::mcp::capabilities::TASKS_EXTENSION;
 use crate::mcp::era::MODERN_VERSION;
@@ -132,6 +133,28 @@ pub fn cacheable_result(result: &Value) -> Value {
     v
 }
 
+/// A `tools/list` result as a 2026-07-28 client gets it: [`cacheable_result`], and each tool
+/// without the 2025-11-25 `execution.taskSupport` (2026-07-28 tasks: `Tool.execution.taskSupport`
+/// is gone, nothing replaces it: the server alone decides per call whether it becomes a task,
+/// and a call that needs one without the extension is `-32021`); an `execution` left empty is
+/// removed, its other members kept.
+pub fn modern_tools_list(result: &Value) -> Value {
+    let mut v = cacheable_result(result);
+    let tools = v.get_mut("tools").and_then(Value::as_array_mut);
+    for tool in tools.into_iter().flatten() {
+        let Some(t) = tool.as_object_mut() else {
+            continue;
+        };
+        if let Some(Value::Object(execution)) = t.get_mut("execution") {
+            execution.remove("taskSupport");
+            if execution.is_empty() {
+                t.remove("execution");
+            }
+        }
+    }
+    v
+}
+
 /// `execution.taskSupport` of the tool `name` in a `tools/list` result's `tools`
 /// (`"forbidden"` when the tool has none: the 2025-11-25 default); `None` when the list does
 /// not name the tool.
@@ -222,5 +245,25 @@ mod tests {
             complete_result(&json!({"resultType":"x"}))["resultType"],
             "x"
         );
+    }
+
+    /// Tester 5 #10: the 2025 `execution.taskSupport` is gone in 2026-07-28.
+    #[test]
+    fn tools_lose_their_2025_task_support() {
+        let list = json!({"tools": [
+            {"name": "a", "execution": {"taskSupport": "forbidden"}},
+            {"name": "b", "execution": {"taskSupport": "required", "other": 1}},
+            {"name": "c"}, 7
+        ]});
+        let out = modern_tools_list(&list);
+        assert_eq!(out["resultType"], "complete");
+        assert_eq!(out["tools"][0], json!({"name": "a"}));
+        assert_eq!(
+            out["tools"][1],
+            json!({"name": "b", "execution": {"other": 1}})
+        );
+        assert_eq!(out["tools"][2], json!({"name": "c"}));
+        assert_eq!(out["tools"][3], json!(7));
+        assert_eq!(modern_tools_list(&json!("x")), json!("x"));
     }
 }
