@@ -93,7 +93,7 @@ impl Drain {
 /// Accepts connections on `listener` until `shutdown` turns true, then waits up to
 /// `drain.timeout` (or until the drain is cut) for open connections to finish their in-flight
 /// requests. A request still waiting then, its answer not started, is answered
-/// [`Handler::shutting_down`] with `Connection: close`; after at most [`FINAL_WRITE`] more for
+/// [`Handler::shutting_down`] with `Connection: close`; after at most `FINAL_WRITE` (500 ms) more for
 /// those answers to be written, it returns (answers already streaming are cut).
 pub async fn serve<H: Handler>(
     listener: TcpListener,

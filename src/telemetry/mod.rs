@@ -28,7 +28,7 @@ mod span;
 pub use opentelemetry::trace::SpanContext;
 pub use opentelemetry::KeyValue;
 
-/// `mcp.task.id = task_id`, [`span::bounded`] (a client's `taskId` is any string it sends).
+/// `mcp.task.id = task_id`, cut to 256 bytes (`span::bounded`) (a client's `taskId` is any string it sends).
 pub fn task_id_attribute(task_id: std::borrow::Cow<'_, str>) -> KeyValue {
     KeyValue::new(semconv::MCP_TASK_ID, span::bounded_string(task_id))
 }

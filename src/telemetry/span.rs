@@ -218,7 +218,7 @@ impl Peer {
 }
 
 /// `method` as a `'static` string when it is one MCP defines (no allocation per span), else
-/// owned, [`bounded`].
+/// owned, cut to 256 bytes (`bounded`).
 pub fn method(method: &str) -> Cow<'static, str> {
     const KNOWN: &[&str] = &[
         "tools/call",
@@ -250,7 +250,7 @@ pub fn method(method: &str) -> Cow<'static, str> {
     }
 }
 
-/// `version` as a `'static` string when it is a revision of MCP, else owned, [`bounded`].
+/// `version` as a `'static` string when it is a revision of MCP, else owned, cut to 256 bytes (`bounded`).
 pub fn protocol_version(version: &str) -> Cow<'static, str> {
     const KNOWN: &[&str] = &[
         "2026-07-28",
