@@ -918,10 +918,11 @@ impl Handler for Edge {
     /// [`GatewayError::ShuttingDown`](crate::exchange::GatewayError::ShuttingDown)), no id: the
     /// request's body may not have been read.
     fn shutting_down() -> Response<Body> {
+        let e = crate::exchange::GatewayError::ShuttingDown;
         rpc_error_response(
-            StatusCode::SERVICE_UNAVAILABLE,
+            e.status(),
             None,
-            crate::jsonrpc::INTERNAL_ERROR,
+            e.code(),
             "taskgate is shutting down; retry",
         )
     }

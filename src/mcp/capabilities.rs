@@ -6,6 +6,11 @@ use serde_json::Value;
 /// `_meta` key carrying a request's client capabilities.
 pub const CLIENT_CAPABILITIES_META: &str = "io.modelcontextprotocol/clientCapabilities";
 
+/// The prefix of the `_meta` keys the protocol reserves (`io.modelcontextprotocol/*`: 2026-07-28
+/// requests carry `protocolVersion`, `clientCapabilities`, `clientInfo`, `logLevel` there, and
+/// results `serverInfo`); none of them crosses into the other era (`layers::bridge`).
+pub const PROTOCOL_META_PREFIX: &str = "io.modelcontextprotocol/";
+
 /// The tasks extension's identifier (SEP-2663).
 pub const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";
 

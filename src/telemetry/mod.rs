@@ -28,10 +28,6 @@ mod span;
 pub use opentelemetry::trace::SpanContext;
 pub use opentelemetry::KeyValue;
 
-/// `mcp.task.id = task_id`, cut to 256 bytes (`span::bounded`) (a client's `taskId` is any string it sends).
-pub fn task_id_attribute(task_id: std::borrow::Cow<'_, str>) -> KeyValue {
-    KeyValue::new(semconv::MCP_TASK_ID, span::bounded_string(task_id))
-}
 pub use span::{protocol_version, shared_json_name, shared_name, Peer, RequestValues, Target};
 
 use crate::config::{check_endpoint, ConfigError, TelemetryConfig};
@@ -954,6 +950,12 @@ struct Open<'a> {
     rare: &'a mut Option<Box<span::Rare>>,
 }
 
+/// `mcp.task.id = task_id`, cut to 256 bytes (`span::bounded`: a client's `taskId` is any
+/// string it sends).
+pub fn task_id_attribute(task_id: std::borrow::Cow<'_, str>) -> KeyValue {
+    KeyValue::new(semconv::MCP_TASK_ID, span::bounded_string(task_id))
+}
+
 /// `error.type` of a JSON-RPC answer: the code of an error, [`semconv::TOOL_ERROR`] for a
 /// result with `isError: true`, `None` otherwise (or when `message` is not JSON).
 pub fn error_type(message: &[u8]) -> Option<String> {
@@ -1023,7 +1025,9 @@ fn error_type_searched(message: &[u8]) -> Option<String> {
     }
     if error {
         if let Ok(Some(code)) = splice::raw_at(message, &["error", "code"]) {
-            return Some(code.get().to_string());
+            // An upstream's `code` is any JSON value it sends: cut like every other text a
+            // span takes (review of tester 5 #1's fix: a 4 MB `code` was kept whole).
+            return Some(span::bounded(code.get()).to_string());
         }
     }
     if !says_true {

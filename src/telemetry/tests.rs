@@ -178,6 +178,12 @@ fn error_type_names_the_code_or_a_tool_error() {
         error_type(br#"{"jsonrpc":"2.0","id":1,"result":{"isError":false}}"#),
         None
     );
+    // An upstream's code of any size is cut to 256 bytes (a 4 MB one was kept whole).
+    let huge = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"error":{{"code":"{}","message":"x"}}}}"#,
+        "c".repeat(100_000)
+    );
+    assert_eq!(error_type(huge.as_bytes()).map(|t| t.len()), Some(256));
 }
 
 #[test]

@@ -9,7 +9,7 @@
 //! | `failed` (a tool error too) | `completed` with `result.isError: true` is a 2025 `failed`; 2026 `failed` carries a JSON-RPC `error` |
 //! | `notifications/tasks/status` (a `Task`) | `notifications/tasks` (a `DetailedTask`) |
 
-use crate::mcp::capabilities::TASKS_EXTENSION;
+use crate::mcp::capabilities::{PROTOCOL_META_PREFIX, TASKS_EXTENSION};
 use crate::mcp::errors::McpError;
 pub use crate::mcp::modern::modern_meta;
 use crate::sse::Event;
@@ -156,9 +156,6 @@ pub fn legacy_create_result(result: &Value) -> Option<Value> {
     }
     Some(json!({ "task": legacy_task(result)? }))
 }
-
-/// The prefix of the `_meta` keys the protocol reserves (`io.modelcontextprotocol/*`).
-const PROTOCOL_META_PREFIX: &str = "io.modelcontextprotocol/";
 
 /// What a terminal 2026 `DetailedTask` answers to a 2025 `tasks/result` (2025-11-25 tasks:
 /// exactly what the request would have returned, with the related-task `_meta`).

@@ -89,6 +89,11 @@ where
                     SharedCancelOutcome::Failed(why) => FlightAnswer::Error(internal(format!(
                         "tasks/cancel forwarded by another taskgate replica failed: {why}"
                     ))),
+                    // As on the claim path: the cancel this flight waited on (lapsed, then
+                    // taken over by a fresh cancel that found it done upstream) worked.
+                    SharedCancelOutcome::Terminal(TaskStatus::Cancelled) if waited => {
+                        cancelled(&registry, &req).await
+                    }
                     SharedCancelOutcome::Terminal(status) => FlightAnswer::Terminal(status),
                 }));
             }

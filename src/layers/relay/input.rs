@@ -370,12 +370,7 @@ fn request_message(
 fn without_related_task(result: &Value) -> Value {
     let mut r = result.clone();
     if let Some(o) = r.as_object_mut() {
-        if let Some(Value::Object(meta)) = o.get_mut("_meta") {
-            meta.remove(crate::mcp::task::RELATED_TASK_META);
-            if meta.is_empty() {
-                o.remove("_meta");
-            }
-        }
+        crate::mcp::task::remove_related_task(o);
     }
     r
 }

@@ -196,17 +196,17 @@ impl<S: McpService> Follower<S> {
                 Some(until) => until,
                 None => *until.insert(give_up_at(&state, &ctx.upstream, &task_id, started).await),
             };
+            // Given up when the next wait would reach the end: the last wait is not spent
+            // without asking (review).
             let now = tokio::time::Instant::now();
-            if now < until {
-                tracing::debug!(task_id, tries, error = %failure, "an upgraded task's tasks/result failed: asked again");
-                tokio::time::sleep(wait.min(until - now)).await;
-                wait = (wait * 2).min(MAX_POLL);
-            }
-            if tokio::time::Instant::now() >= until {
+            if now + wait >= until {
                 return End::GaveUp(format!(
                     "{failure} (tasks/result asked {tries} times, until the task's ttl)"
                 ));
             }
+            tracing::debug!(task_id, tries, error = %failure, "an upgraded task's tasks/result failed: asked again");
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(MAX_POLL);
         }
     }
 
@@ -359,16 +359,21 @@ impl<S: McpService> Follower<S> {
         // The client's stream ends now (`self.tx` is its only sender: held through the retry,
         // it kept the principal's in-flight slot and the client waiting; review).
         drop(self);
-        if gave_up {
-            // The task's one tasks/cancel, best effort, as for a client gone with
-            // `on_client_disconnect = "cancel"` (the `cancel` layer records it; a task it
-            // cancels is `cancelled`, and `record_terminal` leaves it so).
-            send_tasks_cancel(&*inner, &state, &ctx, &task_id).await;
-        }
         // The lease (`lease`) stays held until the record is terminal; a graceful stop's
-        // drain waits for this (`UpgradeState::final_writes_ended`).
-        let write = record_terminal(&state, &ctx.upstream, &task_id, terminal, started);
-        state.final_writes.track_future(write).await;
+        // drain waits for this, the cancel included (`UpgradeState::final_writes_ended`).
+        let end = {
+            let state = state.clone();
+            async move {
+                if gave_up {
+                    // The task's one tasks/cancel, best effort, as for a client gone with
+                    // `on_client_disconnect = "cancel"` (the `cancel` layer records it; a task
+                    // it cancels is `cancelled`, and `record_terminal` leaves it so).
+                    send_tasks_cancel(&*inner, &state, &ctx, &task_id).await;
+                }
+                record_terminal(&state, &ctx.upstream, &task_id, terminal, started).await
+            }
+        };
+        state.final_writes.track_future(end).await;
     }
 
     /// `taskgate_store_write_failures_total` now.

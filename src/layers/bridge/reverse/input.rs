@@ -168,6 +168,10 @@ pub struct TaskInputs {
     /// Woken when a request arrives or the follower ends.
     pub arrived: tokio::sync::Notify,
     following: AtomicBool,
+    /// The capabilities the `tasks/get` that started the follower declared
+    /// ([`ClientCapabilities::bits`]; none until then): what may be shown of a request that
+    /// comes on the GET stream instead of the follower's (`listen::seen`).
+    declared: std::sync::atomic::AtomicU8,
 }
 
 impl TaskInputs {
@@ -187,6 +191,13 @@ impl TaskInputs {
         drop(kept);
         self.arrived.notify_waiters();
         true
+    }
+
+    /// Whether the upstream's request for `method` may be shown to the task's client: its
+    /// capability was declared by the `tasks/get` that started the follower (see [`refusal`]).
+    pub fn may_show(&self, method: &str) -> bool {
+        let declared = ClientCapabilities::from_bits(self.declared.load(Ordering::Relaxed));
+        refusal(method, declared).is_none()
     }
 
     /// Whether [`MAX_KEYS`] are kept.
@@ -529,6 +540,7 @@ async fn follow_input<S: McpService>(
     let limit = Duration::from_millis(state.registry.config().max_ttl_ms);
     // What the 2026-07-28 client can be shown (see `input`): what this `tasks/get` declared.
     let declared = declared_by(&req);
+    task.declared.store(declared.bits(), Ordering::Relaxed);
     let followed = async {
         let Ok(Ok(reply)) = send(&state, &inner, &req, &body, On::Task, &unbounded).await else {
             return;
@@ -750,6 +762,17 @@ mod tests {
 
     /// Tester 5 #4: the held session declares elicitation, sampling and roots for every caller,
     /// so what a caller did not declare is refused upstream on its behalf, never shown.
+    #[test]
+    fn a_get_stream_request_is_shown_only_when_its_capability_was_declared() {
+        let t = TaskInputs::default();
+        assert!(!t.may_show("elicitation/create"), "nothing declared yet");
+        let declared = ClientCapabilities::of(&json!({"elicitation": {}}));
+        t.declared.store(declared.bits(), Ordering::Relaxed);
+        assert!(t.may_show("elicitation/create"));
+        assert!(!t.may_show("sampling/createMessage"));
+        assert!(!t.may_show("ping"));
+    }
+
     #[test]
     fn only_what_the_client_declared_is_shown() {
         let declared = ClientCapabilities::of(&json!({"elicitation": {}, "extensions": {}}));

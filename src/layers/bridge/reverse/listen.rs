@@ -506,6 +506,15 @@ pub(super) fn seen<S: McpService>(
             .and_then(|r| r.get("taskId"))
             .and_then(Value::as_str);
         if let Some(t) = task.and_then(|t| state.inputs.of(t)) {
+            // Only what the task's client declared (review of tester 5 #4's fix: the held
+            // session declares every capability the bridge relays, and an undeclared request
+            // on this stream was shown anyway). The rest is not shown and, like a request on
+            // this stream that names no followed task, not answered here (the 1.x SDKs send a
+            // task's input on its `tasks/result` stream, where it is refused upstream).
+            if !t.may_show(method) {
+                tracing::debug!(method, "an upstream input request on the GET stream its client did not declare was not shown");
+                return;
+            }
             if !t.add(&v) {
                 tracing::debug!("an upstream input request was not kept (bound)");
             }

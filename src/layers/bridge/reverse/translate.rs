@@ -19,10 +19,7 @@ use crate::mcp::era::MODERN_VERSION;
 pub use crate::mcp::modern::{complete_result, detailed_task, modern_task, Outcome};
 use serde_json::{json, Map, Value};
 
-/// The prefix of the `_meta` keys 2026-07-28 requests carry for the protocol itself
-/// (`protocolVersion`, `clientCapabilities`, `clientInfo`, `logLevel`): a 2025-11-25 server
-/// gets none of them (2026-07-28 basic: required request `_meta`).
-pub const PROTOCOL_META_PREFIX: &str = "io.modelcontextprotocol/";
+pub use crate::mcp::capabilities::PROTOCOL_META_PREFIX;
 
 /// How long `server/discover`'s answer may be cached by the client (`ttlMs`), in ms: the held
 /// upstream session's capabilities can change when it is initialized again.
