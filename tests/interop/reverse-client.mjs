@@ -35,7 +35,7 @@
 //                             that task is acknowledged without it
 //
 // Every request is a stateless 2026-07-28 POST (MCP-Protocol-Version, Mcp-Method, Mcp-Name headers;
-// protocolVersion and clientCapabilities with the tasks extension in params._meta; no initialize, no
+// protocolVersion and clientCapabilities (elicitation, the tasks extension) in params._meta; no initialize, no
 // session). Prints `PASS name` / `FAIL name: why` per step, then `N/12 passed`; --json FILE writes
 // {label, passed, total, failed:[names], checks:[{name, ok, detail}]}. Exit 0 only when all passed.
 
@@ -69,7 +69,9 @@ async function rpc(method, params = {}, bearer = opt.bearer) {
             ...params,
             _meta: {
                 'io.modelcontextprotocol/protocolVersion': VERSION,
-                'io.modelcontextprotocol/clientCapabilities': { extensions: { [EXT]: {} } },
+                // `elicitation`: this client answers ask_task's elicitation (input-update); a
+                // gateway shows a task's input request only to a client that declared it.
+                'io.modelcontextprotocol/clientCapabilities': { elicitation: {}, extensions: { [EXT]: {} } },
             },
         },
     };
