@@ -1130,6 +1130,45 @@ async fn disconnect_with_cancel_policy_cancels_after_the_grace_period() {
     assert_eq!(upgraded(&m, "disconnected"), 1.0);
 }
 
+/// `on_client_disconnect = "cancel"` while the upstream is out of reach: the client goes away,
+/// the task's `tasks/cancel` fails (connection refused), and the record is not left `working`
+/// holding its owner's slot until its ttl: it is `failed` (a terminal record frees the slot),
+/// its `statusMessage` saying why. Before: the record stayed `working`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disconnect_whose_cancel_fails_fails_the_record_and_frees_the_slot() {
+    let up = UpServer::start(UpBehaviour {
+        task_ms: None,
+        ..UpBehaviour::default()
+    })
+    .await;
+    let blip = Blip::start(up.up.addr).await;
+    let tg = UgConfig::new(&blip.url())
+        .with("on_client_disconnect = \"cancel\"")
+        .with("disconnect_grace_ms = 50")
+        .gateway("sse_keepalive_ms = 50")
+        .start()
+        .await;
+    let c = client_with(&tg.mcp_url(), json!({})).await;
+    let sse = c.send(call_body("1", "research", None)).await.sse();
+    assert!(up.wait_count("tasks/result", 1, STEP).await);
+    let task_id = up.only_task();
+    blip.down().await;
+    drop(sse);
+    let failed = eventually(STEP, || async {
+        let r = tg.record(&task_id)?;
+        (r.status == TaskStatus::Failed).then_some(r)
+    })
+    .await;
+    let r = failed.unwrap_or_else(|| {
+        panic!(
+            "the record is failed, not left working: {:?}",
+            tg.record(&task_id).map(|r| r.status)
+        )
+    });
+    let why = r.status_message.clone().unwrap_or_default();
+    assert!(why.contains("went away"), "statusMessage says why: {why}");
+}
+
 /// `on_client_disconnect = "keep"`: no tasks/cancel; the task runs to its end upstream and the
 /// client's session can still reach it with tasks/get and tasks/result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,7 +2,7 @@
 
 use super::early::{answer_of, Others};
 use super::progress::next_progress;
-use super::requests::{internal_request, send_tasks_cancel};
+use super::requests::{internal_request, send_tasks_cancel, CancelSent};
 use super::{TokenKey, UpgradeState, RELAY_CAPACITY};
 use crate::config::OnDisconnect;
 use crate::exchange::{CallKey, GatewayError, RequestContext};
@@ -320,7 +320,9 @@ impl<S: McpService> Follower<S> {
         let kept = matches!(end, End::Disconnected)
             && self.state.config.on_client_disconnect == OnDisconnect::Keep;
         let mut terminal = terminal_of(&end);
-        self.finish(end).await;
+        if let Some(ended) = self.finish(end).await {
+            terminal = Some(ended);
+        }
         if kept {
             match self.follow_kept(started).await {
                 Kept::Ended(end) => {
@@ -614,7 +616,11 @@ impl<S: McpService> Follower<S> {
 
     /// Answers the client (or cancels upstream) according to how following ended, and counts the
     /// outcome.
-    async fn finish(&self, end: End) {
+    /// Tells the client how its call ended (and counts it); `Some` when that end leaves the
+    /// record for `run` to end: the client gone under `on_client_disconnect = "cancel"` and its
+    /// task's `tasks/cancel` failed (the upstream out of reach), which is then given up as
+    /// [`Terminal::GaveUp`] (the cancel tried once more, the record `failed`, its slot freed).
+    async fn finish(&self, end: End) -> Option<Terminal> {
         let upstream = &self.ctx.upstream;
         match end {
             End::Answer(Value::Object(mut v)) => {
@@ -654,7 +660,7 @@ impl<S: McpService> Follower<S> {
             End::NeedsCapability(method, pointer) => {
                 self.state
                     .count(upstream, UpgradeOutcome::RefusedCapability);
-                self.cancel_upstream().await;
+                let _ = self.cancel_upstream().await;
                 let error = McpError::UpgradeNeedsCapability {
                     method,
                     capability: pointer.trim_start_matches('/').to_string(),
@@ -663,7 +669,7 @@ impl<S: McpService> Follower<S> {
             }
             End::ClientCancelled => {
                 self.state.count(upstream, UpgradeOutcome::Cancelled);
-                self.cancel_upstream().await;
+                let _ = self.cancel_upstream().await;
             }
             End::Disconnected => {
                 self.state.count(upstream, UpgradeOutcome::Disconnected);
@@ -672,7 +678,13 @@ impl<S: McpService> Follower<S> {
                         self.state.config.disconnect_grace_ms,
                     ))
                     .await;
-                    self.cancel_upstream().await;
+                    if let CancelSent::Refused(why) = self.cancel_upstream().await {
+                        // Left `working`, the record held its owner's slot until its ttl
+                        // (tester 5's review of #3).
+                        return Some(Terminal::GaveUp(format!(
+                            "its client went away and the task's tasks/cancel failed: {why}"
+                        )));
+                    }
                 }
             }
             End::Failed(why) => {
@@ -689,6 +701,7 @@ impl<S: McpService> Follower<S> {
                     .await;
             }
         }
+        None
     }
 
     /// Answers the client's original request with `error` (`-32603`), as the stream's last event.
@@ -697,8 +710,8 @@ impl<S: McpService> Follower<S> {
         self.send(String::from_utf8_lossy(&err).into_owned()).await;
     }
 
-    async fn cancel_upstream(&self) {
-        send_tasks_cancel(&*self.inner, &self.state, &self.ctx, &self.task_id).await;
+    async fn cancel_upstream(&self) -> CancelSent {
+        send_tasks_cancel(&*self.inner, &self.state, &self.ctx, &self.task_id).await
     }
 }
 
