@@ -563,14 +563,8 @@ fn an_answer_is_read_once_for_both_spans() {
 /// spans' `error.type` and the queued record are as without the note (issue 34).
 #[test]
 fn an_answer_read_at_its_ends_is_noted_for_the_records_server_span() {
-    let queue = Arc::new(batch::Queue::new(
-        prometheus::IntCounter::new("dropped", "dropped").unwrap(),
-    ));
-    let telemetry = Telemetry(Arc::new(Inner {
-        root_sampler: RootSampler::new(1.0),
-        ids: Ids,
-        queue: queue.clone(),
-    }));
+    let (telemetry, queue) =
+        sampling_everything(prometheus::IntCounter::new("dropped", "dropped").unwrap());
     let peer = Peer::new(Vec::new());
     let error_type = |attributes: &[KeyValue]| {
         attributes
@@ -744,14 +738,8 @@ fn a_requests_first_exchange_is_exported_from_its_server_spans_record() {
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
     use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
     use prost::Message as _;
-    let queue = Arc::new(batch::Queue::new(
-        prometheus::IntCounter::new("dropped", "dropped").unwrap(),
-    ));
-    let telemetry = Telemetry(Arc::new(Inner {
-        root_sampler: RootSampler::new(1.0),
-        ids: Ids,
-        queue: queue.clone(),
-    }));
+    let (telemetry, queue) =
+        sampling_everything(prometheus::IntCounter::new("dropped", "dropped").unwrap());
     let parent = propagation::parse(TP, Some("congo=t61rcWkgMzE")).unwrap();
     let incoming = || Incoming {
         parent: Some(parent.clone()),
@@ -927,12 +915,7 @@ fn request_values_share_one_string_and_a_later_value_replaces_one() {
 #[test]
 fn spans_dropped_at_a_full_queue_are_counted() {
     let dropped = prometheus::IntCounter::new("dropped", "dropped").unwrap();
-    let queue = Arc::new(batch::Queue::new(dropped.clone()));
-    let telemetry = Telemetry(Arc::new(Inner {
-        root_sampler: RootSampler::new(1.0),
-        ids: Ids,
-        queue: queue.clone(),
-    }));
+    let (telemetry, queue) = sampling_everything(dropped.clone());
     let extra = 5;
     for _ in 0..batch::MAX_QUEUE_SPANS + extra {
         let span =
@@ -1385,14 +1368,8 @@ fn endpoints_carry_no_credentials_and_keep_their_query() {
 /// (`server_kept`), and its answer's outcome is still noted there (issue 34).
 #[test]
 fn a_finished_exchange_is_ended_once_and_keeps_no_server_handle() {
-    let queue = Arc::new(batch::Queue::new(
-        prometheus::IntCounter::new("dropped", "dropped").unwrap(),
-    ));
-    let telemetry = Telemetry(Arc::new(Inner {
-        root_sampler: RootSampler::new(1.0),
-        ids: Ids,
-        queue: queue.clone(),
-    }));
+    let (telemetry, queue) =
+        sampling_everything(prometheus::IntCounter::new("dropped", "dropped").unwrap());
     let peer = Peer::new(Vec::new());
     let server = telemetry.request_span("tools/call", Incoming::default(), |_| {
         (Target::Tool("echo".into()), Vec::new())
@@ -1432,4 +1409,16 @@ fn a_finished_exchange_is_ended_once_and_keeps_no_server_handle() {
     assert_eq!(error(&exchange.attributes).as_deref(), Some("-32602"));
     drop(kept);
     assert!(queue.drain().is_empty(), "queued once");
+}
+
+/// A `Telemetry` that samples every root span into a queue of its own (returned to read what
+/// was queued), its drops counted in `dropped`.
+fn sampling_everything(dropped: prometheus::IntCounter) -> (Telemetry, Arc<batch::Queue>) {
+    let queue = Arc::new(batch::Queue::new(dropped));
+    let telemetry = Telemetry(Arc::new(Inner {
+        root_sampler: RootSampler::new(1.0),
+        ids: Ids,
+        queue: queue.clone(),
+    }));
+    (telemetry, queue)
 }

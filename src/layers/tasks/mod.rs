@@ -836,6 +836,33 @@ fn store_refusal(method: Option<&str>, e: &crate::store::StoreError) -> McpError
 
 #[cfg(test)]
 mod tests {
+    /// The tasks layer over an upstream that answers `{}` and counts the requests it got.
+    fn counting_stack(
+        registry: &std::sync::Arc<crate::registry::Registry>,
+    ) -> (
+        impl tower::Service<
+            crate::exchange::McpRequest,
+            Response = crate::exchange::McpReply,
+            Error = crate::exchange::GatewayError,
+        > + Clone,
+        std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    ) {
+        use crate::exchange::{GatewayError, McpReply, McpRequest};
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tower::Layer;
+        let calls = std::sync::Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let stack = super::TasksLayer::new(registry.clone(), false).layer(tower::service_fn(
+            move |_req: McpRequest| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async {
+                    Ok::<_, GatewayError>(McpReply::local_json(bytes::Bytes::from_static(b"{}")))
+                }
+            },
+        ));
+        (stack, calls)
+    }
+
     use super::{bounded_ttl, hide_tasks_list, readable, Readable, TtlEdit, MIN_TASK_TTL_MS};
     use serde_json::json;
 
@@ -947,23 +974,13 @@ mod tests {
     /// the driver's error.
     #[tokio::test]
     async fn a_creation_the_store_cannot_count_names_no_store_detail() {
-        use crate::exchange::{GatewayError, McpReply, McpRequest};
         use crate::layers::testing::{json_of, registry, request};
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        use tower::{Layer, ServiceExt};
+        use std::sync::atomic::Ordering;
+        use tower::ServiceExt;
         let (registry, store) = registry();
         store.with_slots.store(true, Ordering::SeqCst);
         store.slots.fail.store(true, Ordering::SeqCst);
-        let calls = std::sync::Arc::new(AtomicUsize::new(0));
-        let counted = calls.clone();
-        let stack = super::TasksLayer::new(registry.clone(), false).layer(tower::service_fn(
-            move |_req: McpRequest| {
-                counted.fetch_add(1, Ordering::SeqCst);
-                async {
-                    Ok::<_, GatewayError>(McpReply::local_json(bytes::Bytes::from_static(b"{}")))
-                }
-            },
-        ));
+        let (stack, calls) = counting_stack(&registry);
         let req = request(
             r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"t","arguments":{},"task":{}}}"#,
         );
@@ -983,22 +1000,12 @@ mod tests {
     /// taskgate" (no "try again": it does not recover), without the store's own text.
     #[tokio::test]
     async fn a_failed_store_refuses_task_operations_at_once_naming_the_restart() {
-        use crate::exchange::{GatewayError, McpReply, McpRequest};
         use crate::layers::testing::{json_of, registry, request};
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        use tower::{Layer, ServiceExt};
+        use std::sync::atomic::Ordering;
+        use tower::ServiceExt;
         let (registry, store) = registry();
         store.fail_for_good("IO error: No space left on device (os error 28)");
-        let calls = std::sync::Arc::new(AtomicUsize::new(0));
-        let counted = calls.clone();
-        let stack = super::TasksLayer::new(registry.clone(), false).layer(tower::service_fn(
-            move |_req: McpRequest| {
-                counted.fetch_add(1, Ordering::SeqCst);
-                async {
-                    Ok::<_, GatewayError>(McpReply::local_json(bytes::Bytes::from_static(b"{}")))
-                }
-            },
-        ));
+        let (stack, calls) = counting_stack(&registry);
         for (body, method) in [
             (
                 r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"t","arguments":{},"task":{}}}"#,
