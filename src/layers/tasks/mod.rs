@@ -841,10 +841,10 @@ mod tests {
         registry: &std::sync::Arc<crate::registry::Registry>,
     ) -> (
         impl tower::Service<
-            crate::exchange::McpRequest,
-            Response = crate::exchange::McpReply,
-            Error = crate::exchange::GatewayError,
-        > + Clone,
+                crate::exchange::McpRequest,
+                Response = crate::exchange::McpReply,
+                Error = crate::exchange::GatewayError,
+            > + Clone,
         std::sync::Arc<std::sync::atomic::AtomicUsize>,
     ) {
         use crate::exchange::{GatewayError, McpReply, McpRequest};
