@@ -151,7 +151,7 @@ const FORBIDDEN: &[(&str, &str, &str)] = &[
 const ONLY: &[(&str, &[&str], &str)] = &[
     (
         "mcp",
-        &["mcp", "jsonrpc"],
+        &["mcp", "jsonrpc", "text"],
         "the protocol's words: no I/O, nothing above them",
     ),
     (
@@ -166,13 +166,18 @@ const ONLY: &[(&str, &[&str], &str)] = &[
     ),
     ("sse", &["sse"], "the SSE codec stands on its own"),
     (
+        "text",
+        &["text"],
+        "texts cut at a character boundary: a leaf anything may use",
+    ),
+    (
         "tls",
         &["tls"],
         "TLS client settings: config, the store and the upstream client use them",
     ),
     (
         "telemetry",
-        &["telemetry", "config", "jsonrpc"],
+        &["telemetry", "config", "jsonrpc", "text"],
         "traces are a leaf the edge, the layers and the upstream client use; it knows none of them",
     ),
 ];

@@ -29,5 +29,6 @@ pub mod store;
 pub mod telemetry;
 #[cfg(test)]
 mod test_log;
+pub mod text;
 pub mod tls;
 pub mod upstream;

@@ -866,11 +866,8 @@ impl fmt::Display for Echoed<'_> {
         if id.len() <= ECHOED_ID_BYTES {
             return f.write_str(id);
         }
-        let mut end = ECHOED_ID_BYTES / 2;
-        while !id.is_char_boundary(end) {
-            end -= 1;
-        }
-        write!(f, "{}… ({} bytes)", &id[..end], id.len())
+        let kept = crate::text::prefix(id, ECHOED_ID_BYTES / 2);
+        write!(f, "{kept}… ({} bytes)", id.len())
     }
 }
 

@@ -68,27 +68,12 @@ pub const MAX_TEXT: usize = 256;
 
 /// `text` cut to at most [`MAX_TEXT`] bytes at a character boundary.
 pub fn bounded(text: &str) -> &str {
-    if text.len() <= MAX_TEXT {
-        return text;
-    }
-    let mut end = MAX_TEXT;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text.get(..end).unwrap_or_default()
+    crate::text::prefix(text, MAX_TEXT)
 }
 
-/// [`bounded`] of UTF-8 bytes (not checked here): cut before a continuation byte, never in a
-/// character.
+/// [`bounded`] of UTF-8 bytes (not checked here).
 fn bounded_bytes(text: &[u8]) -> &[u8] {
-    if text.len() <= MAX_TEXT {
-        return text;
-    }
-    let mut end = MAX_TEXT;
-    while end > 0 && text.get(end).is_some_and(|b| b & 0xC0 == 0x80) {
-        end -= 1;
-    }
-    text.get(..end).unwrap_or_default()
+    crate::text::prefix_bytes(text, MAX_TEXT)
 }
 
 /// [`bounded`] of an owned or borrowed text, as a `String` (an owned one within the bound is

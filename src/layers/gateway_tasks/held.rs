@@ -20,6 +20,7 @@ use crate::metrics::LocalReason;
 use crate::registry::{FinalWriteBackoff, Observed, OnRefusal};
 use crate::sse::Event;
 use crate::store::{LeaseKind, Origin, TaskRecord};
+use crate::text::cut;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
@@ -46,18 +47,6 @@ pub const PROGRESS_WRITE_EVERY: Duration = Duration::from_millis(200);
 /// [`PROGRESS_WRITE_EVERY`] and sent in every `tasks/get`, `tasks/list` and status
 /// notification, so a server's megabyte of progress text must not be.
 pub const MAX_PROGRESS_MESSAGE: usize = 4096;
-
-/// `text` cut to at most `max` bytes at a character boundary, marked `…` when cut.
-fn cut(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_string();
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", text.get(..end).unwrap_or_default())
-}
 
 /// The answer to a task-augmented `tools/call` taskgate runs itself: the record written
 /// durably, then the `CreateTaskResult`; the held call started in the background.

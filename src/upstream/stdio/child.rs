@@ -25,6 +25,7 @@
 //! ends at shutdown before the children are ended in order.
 
 use crate::config::UpstreamConfig;
+use crate::text::cut;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, OnceLock};
@@ -316,20 +317,6 @@ pub async fn log_stderr(
     if dropped > 0 {
         dropped_lines(dropped);
     }
-}
-
-/// `text` cut to at most `max` bytes at a character boundary, marked `…` when cut.
-pub fn cut(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_string();
-    }
-    let mut end = max;
-    while end > 0 && !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    let mut out = text.get(..end).unwrap_or_default().to_string();
-    out.push('…');
-    out
 }
 
 #[cfg(test)]

@@ -793,7 +793,7 @@ impl Conn {
             Ok(m) => m,
             Err(e) => {
                 self.invalid_answer(&bytes, &e.to_string());
-                let shown = super::child::cut(&String::from_utf8_lossy(&bytes), 200);
+                let shown = crate::text::cut(&String::from_utf8_lossy(&bytes), 200);
                 self.noise(&format!("a line that is not JSON-RPC ({e}): {shown}"));
                 return None;
             }
